@@ -1,0 +1,52 @@
+"""kvstores: async key-value stores for MCP servers and beyond.
+
+Open a store by URL with :func:`open_store` or construct a backend class directly;
+every store implements :class:`AsyncKeyValue` (the protocol of py-key-value and FastMCP).
+"""
+
+from kvstores._codec import MAX_KEY_LENGTH, MAX_TTL_SECONDS, MAX_VALUE_BYTES
+from kvstores.backends.memory import MemoryStore
+from kvstores.base import DEFAULT_COLLECTION, BaseStore
+from kvstores.errors import (
+    DeserializationError,
+    InvalidKeyError,
+    InvalidTTLError,
+    KVStoreError,
+    SerializationError,
+    StoreClosedError,
+    StoreConnectionError,
+    ValueTooLargeError,
+)
+from kvstores.protocol import (
+    AsyncKeyValue,
+    CullStore,
+    DestroyCollectionStore,
+    DestroyStore,
+    EnumerateCollectionsStore,
+    EnumerateKeysStore,
+)
+from kvstores.registry import open_store
+
+__all__ = [
+    "AsyncKeyValue",
+    "BaseStore",
+    "CullStore",
+    "DEFAULT_COLLECTION",
+    "DeserializationError",
+    "DestroyCollectionStore",
+    "DestroyStore",
+    "EnumerateCollectionsStore",
+    "EnumerateKeysStore",
+    "InvalidKeyError",
+    "InvalidTTLError",
+    "KVStoreError",
+    "MAX_KEY_LENGTH",
+    "MAX_TTL_SECONDS",
+    "MAX_VALUE_BYTES",
+    "MemoryStore",
+    "SerializationError",
+    "StoreClosedError",
+    "StoreConnectionError",
+    "ValueTooLargeError",
+    "open_store",
+]

@@ -1,0 +1,165 @@
+"""The one place that validates keys, collections, values and TTLs, and encodes values.
+
+Limits (the same on every backend):
+
+- keys and collection names: ``str`` of at most :data:`MAX_KEY_LENGTH` characters with
+  no lone surrogates; collection names must also be non-empty;
+- values: a ``Mapping`` with ``str`` keys whose content is JSON (dict, list, tuple, str,
+  int, finite float, bool, None; nested mappings must be dicts), encoded as compact
+  UTF-8 JSON of at most :data:`MAX_VALUE_BYTES` bytes. Integers are limited only by
+  Python's ``sys.get_int_max_str_digits()`` (4,300 digits by default);
+- TTLs: ``None`` (never expires) or a real number of seconds in
+  ``(0, MAX_TTL_SECONDS]``; backends round it up to whole milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+from kvstores.errors import (
+    DeserializationError,
+    InvalidKeyError,
+    InvalidTTLError,
+    SerializationError,
+    ValueTooLargeError,
+)
+
+MAX_KEY_LENGTH = 1024
+"""Longest key or collection name, in characters."""
+
+MAX_VALUE_BYTES = 16 * 1024 * 1024 - 64 * 1024
+"""Largest encoded value, in UTF-8 bytes: fits a 16 MiB MongoDB document with its key."""
+
+MAX_TTL_SECONDS = 10 * 365 * 24 * 60 * 60
+"""Longest TTL accepted: ten years. Use ``ttl=None`` for entries that never expire."""
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def _reject_object(obj: object) -> NoReturn:
+    raise TypeError(f"{type(obj).__name__} is not JSON (allowed: dict, list, tuple, str, int, float, bool, None)")
+
+
+_encode = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_reject_object
+).encode
+_decode = json.loads
+
+
+def _describe(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:57]) + "..."
+
+
+def _check_name(name: object, what: str) -> None:
+    if not isinstance(name, str):
+        raise InvalidKeyError(f"{what} must be a str, not {type(name).__name__}")
+    if len(name) > MAX_KEY_LENGTH:
+        raise InvalidKeyError(f"{what} is {len(name)} characters long; the limit is {MAX_KEY_LENGTH}")
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidKeyError(f"{what} {_describe(name)} contains a lone surrogate") from None
+
+
+def check_key(key: object) -> None:
+    """Raise InvalidKeyError unless ``key`` is a valid key."""
+    _check_name(key, "key")
+
+
+def check_keys(keys: Sequence[str]) -> None:
+    """Raise TypeError for a bare str, InvalidKeyError for any invalid key."""
+    if isinstance(keys, str):
+        raise TypeError("keys must be a sequence of str, not a single str")
+    for key in keys:
+        _check_name(key, "key")
+
+
+def check_collection(collection: object) -> None:
+    """Raise InvalidKeyError unless ``collection`` is a valid, non-empty collection name."""
+    _check_name(collection, "collection")
+    if not collection:
+        raise InvalidKeyError("collection must not be empty (pass None for the default collection)")
+
+
+def check_ttl(ttl: object) -> float | None:
+    """Return ``ttl`` as float seconds (or None), or raise InvalidTTLError."""
+    if ttl is None:
+        return None
+    if isinstance(ttl, (bool, str, bytes)) or not hasattr(ttl, "__float__"):
+        raise InvalidTTLError(f"ttl must be None or a number of seconds, not {type(ttl).__name__}")
+    try:
+        seconds = float(ttl)  # type: ignore[arg-type]  # checked above: it has __float__
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidTTLError(f"ttl {ttl!r} is not a number of seconds: {exc}") from None
+    if not 0 < seconds <= MAX_TTL_SECONDS:
+        raise InvalidTTLError(f"ttl must be > 0 and <= {MAX_TTL_SECONDS} seconds, got {ttl!r}")
+    return seconds
+
+
+def ttl_milliseconds(seconds: float) -> int:
+    """A validated TTL in whole milliseconds, rounded up so that it is never 0."""
+    return math.ceil(seconds * 1000)
+
+
+def _non_str_key(value: dict[str, Any]) -> object | None:
+    """The first dict key found that is not a str (json.dumps would silently stringify it)."""
+    stack: list[Any] = [value]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node = pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if not isinstance(k, str):
+                    return k
+                if isinstance(v, _CONTAINERS):
+                    push(v)
+        else:
+            for v in node:
+                if isinstance(v, _CONTAINERS):
+                    push(v)
+    return None
+
+
+def encode_value(value: Mapping[str, Any]) -> str:
+    """Validate ``value`` and return its compact JSON text; raise SerializationError."""
+    if type(value) is not dict:
+        if not isinstance(value, Mapping):
+            raise SerializationError(f"value must be a Mapping with str keys, not {type(value).__name__}")
+        value = dict(value)
+    try:
+        text = _encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise SerializationError(f"value is not JSON: {exc}") from exc
+    bad_key = _non_str_key(value)
+    if bad_key is not None:
+        raise SerializationError(f"dict keys must be str, found {type(bad_key).__name__} key {bad_key!r}")
+    if not text.isascii():
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise SerializationError("value contains a lone surrogate, which is not valid UTF-8") from exc
+    else:
+        size = len(text)
+    if size > MAX_VALUE_BYTES:
+        raise ValueTooLargeError(f"value encodes to {size} bytes; the limit is {MAX_VALUE_BYTES}")
+    return text
+
+
+def encode_values(values: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Encode every value (validating all before any is written)."""
+    return [encode_value(value) for value in values]
+
+
+def decode_value(text: str | bytes, key: str) -> dict[str, Any]:
+    """Decode stored JSON text for ``key``; raise DeserializationError unless it is an object."""
+    try:
+        value = _decode(text)
+    except (ValueError, RecursionError) as exc:
+        raise DeserializationError(f"stored value for key {_describe(key)} is not valid JSON: {exc}") from exc
+    if type(value) is not dict:
+        raise DeserializationError(f"stored value for key {_describe(key)} is a {type(value).__name__}, not an object")
+    return value

@@ -1,0 +1,1 @@
+"""Built-in backends; each module imports its driver lazily (see kvstores.registry)."""

@@ -1,0 +1,167 @@
+"""MemoryStore: an in-process store on a cachetools LRU cache.
+
+Entries live in one :class:`cachetools.LRUCache` keyed by the ``(collection, key)``
+tuple, so different pairs can never collide. Each entry holds the value's encoded JSON
+text (so neither the caller's dict nor a returned dict can alias stored data) and its
+expiry time on the monotonic clock.
+
+Bounds and reclamation:
+
+- at most ``max_entries`` entries (default :data:`DEFAULT_MAX_ENTRIES`); beyond that the
+  least recently used entry is evicted;
+- an expired entry is invisible at once and removed when read; every write sweeps all
+  expired entries when ``sweep_interval`` seconds (default 60) have passed since the
+  last sweep, and ``cull()`` sweeps at once. Memory therefore never grows beyond the
+  live entries plus what was written within one sweep interval, and never beyond
+  ``max_entries``.
+
+Options: ``max_entries``, ``sweep_interval``, ``default_collection``.
+URL: ``memory://`` (query options, e.g. ``memory://?max_entries=1000``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from time import monotonic
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from cachetools import Cache, LRUCache
+
+from kvstores.base import DEFAULT_COLLECTION, BaseStore
+
+__all__ = ["DEFAULT_MAX_ENTRIES", "MemoryStore"]
+
+DEFAULT_MAX_ENTRIES = 100_000
+"""Default bound on the number of entries a MemoryStore holds."""
+
+_Entry = tuple[str, float | None]  # (encoded value, monotonic expiry or None)
+
+
+class MemoryStore(BaseStore):
+    """A bounded in-memory store with per-entry TTL and LRU eviction."""
+
+    def __init__(
+        self,
+        *,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        sweep_interval: float = 60.0,
+        default_collection: str = DEFAULT_COLLECTION,
+    ) -> None:
+        super().__init__(default_collection=default_collection)
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        self._cache: LRUCache[tuple[str, str], _Entry] = LRUCache(maxsize=max_entries)
+        self._sweep_interval = sweep_interval
+        self._next_sweep = monotonic() + sweep_interval
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> MemoryStore:
+        """Open ``memory://`` with options from the query string, overridden by ``options``."""
+        query: dict[str, Any] = dict(parse_qsl(urlsplit(url).query))
+        for name, convert in (("max_entries", int), ("sweep_interval", float)):
+            if name in query:
+                query[name] = convert(query[name])
+        return cls(**{**query, **options})
+
+    def __len__(self) -> int:
+        """The number of entries held, including expired ones not yet reclaimed."""
+        return len(self._cache)
+
+    def _live(self, collection: str, key: str, now: float) -> _Entry | None:
+        pair = (collection, key)
+        entry = self._cache.get(pair)
+        if entry is not None and entry[1] is not None and entry[1] <= now:
+            del self._cache[pair]
+            return None
+        return entry
+
+    def _write(self, pairs: Sequence[tuple[str, str]], texts: Sequence[str], ttl: float | None) -> None:
+        now = monotonic()
+        if now >= self._next_sweep:
+            self._sweep(now)
+        expires = None if ttl is None else now + ttl
+        cache = self._cache
+        for pair, text in zip(pairs, texts):
+            cache[pair] = (text, expires)
+
+    def _scan(self) -> list[tuple[tuple[str, str], float | None]]:
+        """Every (pair, expiry), read without refreshing LRU order (LRUCache.__getitem__ would)."""
+        peek = Cache.__getitem__
+        cache = self._cache
+        return [(pair, peek(cache, pair)[1]) for pair in cache]
+
+    def _sweep(self, now: float) -> None:
+        for pair, expires in self._scan():
+            if expires is not None and expires <= now:
+                del self._cache[pair]
+        self._next_sweep = now + self._sweep_interval
+
+    async def _get(self, collection: str, key: str) -> str | None:
+        entry = self._cache.get((collection, key))
+        if entry is None:
+            return None
+        if entry[1] is not None and entry[1] <= monotonic():
+            del self._cache[collection, key]
+            return None
+        return entry[0]
+
+    async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
+        self._write(((collection, key),), (text,), ttl)
+
+    async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
+        now = monotonic()
+        entries = [self._live(collection, key, now) for key in keys]
+        return [None if entry is None else entry[0] for entry in entries]
+
+    async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[str | None, float | None]]:
+        now = monotonic()
+        rows: list[tuple[str | None, float | None]] = []
+        for key in keys:
+            entry = self._live(collection, key, now)
+            if entry is None:
+                rows.append((None, None))
+            else:
+                rows.append((entry[0], None if entry[1] is None else entry[1] - now))
+        return rows
+
+    async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
+        self._write([(collection, key) for key in keys], texts, ttl)
+
+    async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
+        now = monotonic()
+        deleted = 0
+        for key in keys:
+            if self._live(collection, key, now) is not None:
+                del self._cache[collection, key]
+                deleted += 1
+        return deleted
+
+    def _live_pairs(self) -> list[tuple[str, str]]:
+        now = monotonic()
+        return [pair for pair, expires in self._scan() if expires is None or expires > now]
+
+    async def _keys(self, collection: str, limit: int | None) -> list[str]:
+        keys = [key for name, key in self._live_pairs() if name == collection]
+        return keys[:limit]
+
+    async def _collections(self, limit: int | None) -> list[str]:
+        names = list(dict.fromkeys(name for name, _ in self._live_pairs()))
+        return names[:limit]
+
+    async def _destroy_collection(self, collection: str) -> bool:
+        now = monotonic()
+        live = False
+        for pair, expires in self._scan():
+            if pair[0] == collection:
+                live = live or expires is None or expires > now
+                del self._cache[pair]
+        return live
+
+    async def _destroy(self) -> bool:
+        live = bool(self._live_pairs())
+        self._cache.clear()
+        return live
+
+    async def _cull(self) -> None:
+        self._sweep(monotonic())

@@ -1,0 +1,238 @@
+"""BaseStore: validation, the default collection, lifecycle and single-key fallbacks.
+
+A backend subclasses :class:`BaseStore` and implements the bulk primitives
+(``_get_many``, ``_ttl_many``, ``_put_many``, ``_delete_many``) plus the capability
+primitives. They receive names that are already validated and values that are already
+encoded JSON text, so a backend never validates or encodes anything itself. The
+single-key primitives default to a bulk call of one key; backends override them when a
+single-key command is cheaper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, SupportsFloat
+
+from kvstores._codec import (
+    check_collection,
+    check_key,
+    check_keys,
+    check_ttl,
+    decode_value,
+    encode_value,
+    encode_values,
+)
+from kvstores.errors import StoreClosedError
+
+__all__ = ["DEFAULT_COLLECTION", "BaseStore"]
+
+DEFAULT_COLLECTION = "default"
+"""The collection used when ``collection=None``, unless a store is given another."""
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+
+
+class BaseStore:
+    """Shared behaviour of every kvstores backend; see :class:`kvstores.AsyncKeyValue`."""
+
+    _closed = False
+
+    def __init__(self, *, default_collection: str = DEFAULT_COLLECTION) -> None:
+        check_collection(default_collection)
+        self.default_collection = default_collection
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def __aenter__(self) -> BaseStore:
+        self._collection(None)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Release the store's resources; closing twice is fine, using it afterwards is not."""
+        if not self._closed:
+            self._closed = True
+            await self._close()
+
+    @property
+    def closed(self) -> bool:
+        """True once ``aclose()`` has been called."""
+        return self._closed
+
+    def _collection(self, collection: str | None) -> str:
+        if self._closed:
+            raise StoreClosedError(f"{type(self).__name__} is closed")
+        if collection is None:
+            return self.default_collection
+        check_collection(collection)
+        return collection
+
+    # -- the protocol ----------------------------------------------------------------
+
+    async def get(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
+        """Return a fresh copy of the value stored under ``key``, or None if absent or expired."""
+        name = self._collection(collection)
+        check_key(key)
+        text = await self._get(name, key)
+        return None if text is None else decode_value(text, key)
+
+    async def ttl(self, key: str, *, collection: str | None = None) -> tuple[dict[str, Any] | None, float | None]:
+        """Return ``(value, remaining seconds)``; the TTL is None when the entry never expires."""
+        name = self._collection(collection)
+        check_key(key)
+        text, remaining = await self._ttl(name, key)
+        return (None, None) if text is None else (decode_value(text, key), remaining)
+
+    async def put(
+        self,
+        key: str,
+        value: Mapping[str, Any],
+        *,
+        collection: str | None = None,
+        ttl: SupportsFloat | None = None,
+    ) -> None:
+        """Store ``value`` under ``key``, expiring after ``ttl`` seconds (None: never)."""
+        name = self._collection(collection)
+        check_key(key)
+        seconds = check_ttl(ttl)
+        await self._put(name, key, encode_value(value), seconds)
+
+    async def delete(self, key: str, *, collection: str | None = None) -> bool:
+        """Delete ``key``; return True if it existed."""
+        name = self._collection(collection)
+        check_key(key)
+        return await self._delete(name, key)
+
+    async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[dict[str, Any] | None]:
+        """Return the values of ``keys`` in order, None for each missing key."""
+        name = self._collection(collection)
+        check_keys(keys)
+        if not keys:
+            return []
+        texts = await self._get_many(name, keys)
+        return [None if text is None else decode_value(text, key) for key, text in zip(keys, texts)]
+
+    async def ttl_many(
+        self, keys: Sequence[str], *, collection: str | None = None
+    ) -> list[tuple[dict[str, Any] | None, float | None]]:
+        """Return ``(value, remaining seconds)`` for each key, in order."""
+        name = self._collection(collection)
+        check_keys(keys)
+        if not keys:
+            return []
+        rows = await self._ttl_many(name, keys)
+        return [
+            (None, None) if text is None else (decode_value(text, key), remaining)
+            for key, (text, remaining) in zip(keys, rows)
+        ]
+
+    async def put_many(
+        self,
+        keys: Sequence[str],
+        values: Sequence[Mapping[str, Any]],
+        *,
+        collection: str | None = None,
+        ttl: SupportsFloat | None = None,
+    ) -> None:
+        """Store each value under its key, all with the same TTL; the last of duplicate keys wins."""
+        name = self._collection(collection)
+        check_keys(keys)
+        if isinstance(values, Mapping) or len(keys) != len(values):
+            raise ValueError(f"put_many needs one value per key: got {len(keys)} keys and {len(values)} values")
+        seconds = check_ttl(ttl)
+        texts = encode_values(values)
+        if keys:
+            latest = dict(zip(keys, texts))  # duplicate keys: the last value wins
+            await self._put_many(name, list(latest), list(latest.values()), seconds)
+
+    async def delete_many(self, keys: Sequence[str], *, collection: str | None = None) -> int:
+        """Delete ``keys``; return how many existed (duplicates count once)."""
+        name = self._collection(collection)
+        check_keys(keys)
+        if not keys:
+            return 0
+        return await self._delete_many(name, list(dict.fromkeys(keys)))
+
+    # -- capabilities ----------------------------------------------------------------
+
+    async def keys(self, collection: str | None = None, *, limit: int | None = None) -> list[str]:
+        """Return up to ``limit`` live keys of ``collection`` (all when limit is None)."""
+        name = self._collection(collection)
+        _check_limit(limit)
+        return [] if limit == 0 else await self._keys(name, limit)
+
+    async def collections(self, *, limit: int | None = None) -> list[str]:
+        """Return up to ``limit`` names of collections that hold live entries."""
+        self._collection(None)
+        _check_limit(limit)
+        return [] if limit == 0 else await self._collections(limit)
+
+    async def destroy_collection(self, collection: str) -> bool:
+        """Delete every entry of ``collection``; return True if it held any."""
+        if collection is None:
+            raise TypeError("destroy_collection needs a collection name")
+        return await self._destroy_collection(self._collection(collection))
+
+    async def destroy(self) -> bool:
+        """Delete every entry this store owns (never other data in the database)."""
+        self._collection(None)
+        return await self._destroy()
+
+    async def cull(self) -> None:
+        """Remove every expired entry from the backend now."""
+        self._collection(None)
+        await self._cull()
+
+    # -- primitives: names validated, values encoded ---------------------------------
+
+    async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
+        raise NotImplementedError
+
+    async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[str | None, float | None]]:
+        raise NotImplementedError
+
+    async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
+        """Write distinct ``keys`` with their encoded values, all or nothing where possible."""
+        raise NotImplementedError
+
+    async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
+        """Delete distinct ``keys``; return how many existed."""
+        raise NotImplementedError
+
+    async def _keys(self, collection: str, limit: int | None) -> list[str]:
+        raise NotImplementedError
+
+    async def _collections(self, limit: int | None) -> list[str]:
+        raise NotImplementedError
+
+    async def _destroy_collection(self, collection: str) -> bool:
+        raise NotImplementedError
+
+    async def _destroy(self) -> bool:
+        raise NotImplementedError
+
+    async def _cull(self) -> None:
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        """Release backend resources (called once, by ``aclose``)."""
+
+    async def _get(self, collection: str, key: str) -> str | None:
+        return (await self._get_many(collection, [key]))[0]
+
+    async def _ttl(self, collection: str, key: str) -> tuple[str | None, float | None]:
+        return (await self._ttl_many(collection, [key]))[0]
+
+    async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
+        await self._put_many(collection, [key], [text], ttl)
+
+    async def _delete(self, collection: str, key: str) -> bool:
+        return await self._delete_many(collection, [key]) > 0

@@ -1,0 +1,59 @@
+"""Open a store from a URL: scheme -> "module:Class", plus third-party entry points.
+
+Built-in schemes are listed in :data:`SCHEMES`. A third-party package adds a scheme by
+declaring an entry point in the ``kvstores.backends`` group whose name is the scheme and
+whose value is ``"module:Class"``; the class must offer ``from_url(url, **options)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+from kvstores.base import BaseStore
+
+__all__ = ["ENTRY_POINT_GROUP", "SCHEMES", "open_store"]
+
+ENTRY_POINT_GROUP = "kvstores.backends"
+"""Entry-point group through which other packages register URL schemes."""
+
+SCHEMES: dict[str, str] = {
+    "memory": "kvstores.backends.memory:MemoryStore",
+    "sqlite": "kvstores.backends.sqlite:SQLiteStore",
+    "redis": "kvstores.backends.redis:RedisStore",
+    "rediss": "kvstores.backends.redis:RedisStore",
+    "unix": "kvstores.backends.redis:RedisStore",
+    "redis+cluster": "kvstores.backends.redis:RedisStore",
+    "mongodb": "kvstores.backends.mongodb:MongoDBStore",
+    "mongodb+srv": "kvstores.backends.mongodb:MongoDBStore",
+}
+"""Built-in URL schemes and the store class each opens."""
+
+
+def _target(scheme: str) -> str:
+    if scheme in SCHEMES:
+        return SCHEMES[scheme]
+    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+        if entry_point.name == scheme:
+            return entry_point.value
+    known = ", ".join(sorted(SCHEMES))
+    raise ValueError(
+        f"no kvstores backend for URL scheme {scheme!r}; built-in schemes: {known}. "
+        f"Other packages add schemes through the {ENTRY_POINT_GROUP!r} entry-point group."
+    )
+
+
+def open_store(url: str, **options: Any) -> BaseStore:
+    """Return an (unconnected) store for ``url``; ``options`` go to the store's constructor.
+
+    Examples: ``memory://``, ``sqlite:///state.db``, ``redis://localhost:6379/0``,
+    ``mongodb://localhost:27017/kvstores``.
+    """
+    scheme = urlsplit(url).scheme.lower()
+    if not scheme:
+        raise ValueError(f"{url!r} is not a store URL (expected e.g. memory://, sqlite:///file.db)")
+    module_name, _, class_name = _target(scheme).partition(":")
+    module = importlib.import_module(module_name)
+    return cast(BaseStore, getattr(module, class_name).from_url(url, **options))
