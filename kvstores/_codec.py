@@ -105,8 +105,8 @@ def ttl_milliseconds(seconds: float) -> int:
     return math.ceil(seconds * 1000)
 
 
-def _non_str_key(value: dict[str, Any]) -> object | None:
-    """The first dict key found that is not a str (json.dumps would silently stringify it)."""
+def _check_str_keys(value: dict[str, Any]) -> None:
+    """Reject dict keys that are not str (json.dumps would silently stringify them)."""
     stack: list[Any] = [value]
     pop, push = stack.pop, stack.append
     while stack:
@@ -114,14 +114,13 @@ def _non_str_key(value: dict[str, Any]) -> object | None:
         if isinstance(node, dict):
             for k, v in node.items():
                 if not isinstance(k, str):
-                    return k
+                    raise SerializationError(f"dict keys must be str, found {type(k).__name__} key {k!r}")
                 if isinstance(v, _CONTAINERS):
                     push(v)
         else:
             for v in node:
                 if isinstance(v, _CONTAINERS):
                     push(v)
-    return None
 
 
 def encode_value(value: Mapping[str, Any]) -> str:
@@ -134,9 +133,7 @@ def encode_value(value: Mapping[str, Any]) -> str:
         text = _encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise SerializationError(f"value is not JSON: {exc}") from exc
-    bad_key = _non_str_key(value)
-    if bad_key is not None:
-        raise SerializationError(f"dict keys must be str, found {type(bad_key).__name__} key {bad_key!r}")
+    _check_str_keys(value)
     if not text.isascii():
         try:
             size = len(text.encode("utf-8"))

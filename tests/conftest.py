@@ -56,7 +56,7 @@ def namespace() -> str:
 
 
 @pytest.fixture
-async def store(backend: Backend, namespace: str) -> AsyncIterator[Any]:
+async def backend_store(backend: Backend, namespace: str) -> AsyncIterator[Any]:
     """A fresh store on its own namespace, destroyed afterwards."""
     opened = await backend.open(namespace)
     yield opened
@@ -67,10 +67,22 @@ async def store(backend: Backend, namespace: str) -> AsyncIterator[Any]:
 
 
 @pytest.fixture
-async def peer_store(backend: Backend, namespace: str, store: Any) -> AsyncIterator[Any]:
-    """A second store object on the same namespace as ``store``."""
+async def backend_peer_store(backend: Backend, namespace: str, backend_store: Any) -> AsyncIterator[Any]:
+    """A second store object on the same namespace as ``backend_store``."""
     if not backend.persistent:
         pytest.skip(f"{backend.name}: each store object has its own data")
     peer = await backend.open(namespace)
     yield peer
     await peer.aclose()
+
+
+@pytest.fixture
+def store(backend_store: Any) -> Any:
+    """The store under test (suite classes override ``store``: they request backend_store)."""
+    return backend_store
+
+
+@pytest.fixture
+def peer_store(backend_peer_store: Any) -> Any:
+    """A second store object on the same namespace as ``store``."""
+    return backend_peer_store
