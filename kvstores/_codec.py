@@ -43,9 +43,7 @@ def _reject_object(obj: object) -> NoReturn:
     raise TypeError(f"{type(obj).__name__} is not JSON (allowed: dict, list, tuple, str, int, float, bool, None)")
 
 
-_encode = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_reject_object
-).encode
+_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_reject_object).encode
 _decode = json.loads
 
 
@@ -92,7 +90,7 @@ def check_ttl(ttl: object) -> float | None:
     if isinstance(ttl, (bool, str, bytes)) or not hasattr(ttl, "__float__"):
         raise InvalidTTLError(f"ttl must be None or a number of seconds, not {type(ttl).__name__}")
     try:
-        seconds = float(ttl)  # type: ignore[arg-type]  # checked above: it has __float__
+        seconds = float(ttl)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidTTLError(f"ttl {ttl!r} is not a number of seconds: {exc}") from None
     if not 0 < seconds <= MAX_TTL_SECONDS:

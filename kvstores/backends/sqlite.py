@@ -53,8 +53,7 @@ _SCHEMA = (
     f"INSERT OR IGNORE INTO kvstores_meta VALUES ('schema_version', '{SCHEMA_VERSION}')",
     "CREATE TABLE IF NOT EXISTS kvstores_entries (collection TEXT NOT NULL, key TEXT NOT NULL,"
     " value TEXT NOT NULL, expires_at REAL, PRIMARY KEY (collection, key)) WITHOUT ROWID",
-    "CREATE INDEX IF NOT EXISTS kvstores_entries_expiry ON kvstores_entries (expires_at)"
-    " WHERE expires_at IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS kvstores_entries_expiry ON kvstores_entries (expires_at) WHERE expires_at IS NOT NULL",
 )
 _UPSERT = "INSERT OR REPLACE INTO kvstores_entries (collection, key, value, expires_at) VALUES (?, ?, ?, ?)"
 
@@ -238,7 +237,9 @@ class SQLiteStore(BaseStore):
 
     async def _destroy_where(self, where: str, parameters: tuple[str, ...]) -> bool:
         async with self._transaction() as db:
-            cursor = await db.execute(f"DELETE FROM kvstores_entries WHERE {where} AND {_LIVE}", (*parameters, time.time()))
+            cursor = await db.execute(
+                f"DELETE FROM kvstores_entries WHERE {where} AND {_LIVE}", (*parameters, time.time())
+            )
             live = cursor.rowcount > 0
             await db.execute(f"DELETE FROM kvstores_entries WHERE {where}", parameters)
         return live

@@ -93,7 +93,8 @@ GOOD_VALUES: list[dict[str, Any]] = [
     {},
     {"value": "x" * 100},
     {"s": "", "u": "caf\u00e9 \U0001f600", "nul": "a\x00b", "ctl": "\x01\x1f\n"},
-    {"int": 0, "neg": -1, "big": 2**64 + 1, "huge": -(10**40), "float": 0.1, "tiny": 5e-324, "max": 1.7976931348623157e308},
+    {"int": 0, "neg": -1, "big": 2**64 + 1, "huge": -(10**40)},
+    {"float": 0.1, "tiny": 5e-324, "max": 1.7976931348623157e308, "neg": -2.5e-10},
     {"t": True, "f": False, "n": None, "one": 1, "zero": 0, "onef": 1.0},
     {"list": [1, "two", [3, [4, {"five": 5}]], None], "empty": [], "obj": {}},
     {"$set": 1, "a.b": 2, "": 3, "$": {"$in": [1]}, "..": None},
@@ -318,7 +319,7 @@ class AsyncKeyValueConformance:
         assert await store.get("a") is None
 
     async def test_values_no_aliasing(self, store: Any) -> None:
-        original = {"list": [1, 2], "obj": {"a": 1}}
+        original: dict[str, Any] = {"list": [1, 2], "obj": {"a": 1}}
         await store.put("k", original)
         original["list"].append(3)
         original["obj"]["a"] = 99

@@ -1,0 +1,128 @@
+"""SQLite-specific guarantees: persistence, several processes, schema, sweeping, corruption."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from kvstores.backends.sqlite import SCHEMA_VERSION, SQLiteStore
+from kvstores.errors import DeserializationError, KVStoreError, StoreConnectionError
+
+pytestmark = pytest.mark.anyio
+
+
+def _rows(path: Path) -> int:
+    with sqlite3.connect(path) as db:
+        return int(db.execute("SELECT COUNT(*) FROM kvstores_entries").fetchone()[0])
+
+
+async def test_reopen_keeps_values_and_remaining_ttl(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    async with SQLiteStore(path) as store:
+        await store.put("forever", {"v": 1})
+        await store.put("timed", {"v": 2}, ttl=100, collection="c")
+    async with SQLiteStore(path) as store:
+        assert await store.ttl("forever") == ({"v": 1}, None)
+        value, remaining = await store.ttl("timed", collection="c")
+        assert value == {"v": 2}
+        assert remaining is not None
+        assert 98 < remaining <= 100
+
+
+async def test_schema_is_versioned_and_wal(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    async with SQLiteStore(path) as store:
+        await store.put("k", {"v": 1})
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM kvstores_meta WHERE name = 'schema_version'").fetchone() == (
+            str(SCHEMA_VERSION),
+        )
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        db.execute("UPDATE kvstores_meta SET value = '99' WHERE name = 'schema_version'")
+    with pytest.raises(KVStoreError, match="schema version 99"):
+        await SQLiteStore(path).get("k")
+
+
+async def test_expired_rows_are_swept(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    async with SQLiteStore(path, sweep_interval=0) as store:
+        await store.put_many([f"k{i}" for i in range(50)], [{"i": i} for i in range(50)], ttl=0.1)
+        await store.put("stays", {"v": 1})
+        assert _rows(path) == 51
+        await asyncio.sleep(0.3)
+        await store.put("trigger", {"v": 1})
+        assert _rows(path) == 2
+        await store.put("short", {"v": 1}, ttl=0.1)
+        await asyncio.sleep(0.3)
+        await store.cull()
+        assert _rows(path) == 2
+
+
+async def test_corrupt_value_raises_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    async with SQLiteStore(path) as store:
+        await store.put("victim", {"v": 1})
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE kvstores_entries SET value = '{not json' WHERE key = 'victim'")
+        with pytest.raises(DeserializationError, match="victim"):
+            await store.get("victim")
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE kvstores_entries SET value = '[1, 2]' WHERE key = 'victim'")
+        with pytest.raises(DeserializationError, match="victim"):
+            await store.get_many(["victim"])
+
+
+async def test_lock_timeout_is_a_connection_error(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    async with SQLiteStore(path, timeout=0.2) as store:
+        await store.put("k", {"v": 1})
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            with pytest.raises(StoreConnectionError) as caught:
+                await store.put("k", {"v": 2})
+            assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        await store.put("k", {"v": 3})
+        assert await store.get("k") == {"v": 3}
+
+
+def _writer(path: str, worker: int, count: int) -> None:
+    async def write() -> None:
+        async with SQLiteStore(path) as store:
+            for i in range(count):
+                await store.put(f"w{worker}-{i}", {"worker": worker, "i": i})
+
+    asyncio.run(write())
+
+
+async def test_four_processes_share_one_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "shared.db")
+    async with SQLiteStore(path) as store:
+        await store.put("init", {"v": 0})
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_writer, args=(path, worker, 1000)) for worker in range(4)]
+    for process in workers:
+        process.start()
+    for process in workers:
+        process.join(120)
+    assert [process.exitcode for process in workers] == [0, 0, 0, 0]
+    async with SQLiteStore(path) as store:
+        for worker in range(4):
+            keys = [f"w{worker}-{i}" for i in range(1000)]
+            assert await store.get_many(keys) == [{"worker": worker, "i": i} for i in range(1000)]
+
+
+def test_url_forms() -> None:
+    assert SQLiteStore.from_url("sqlite:///relative/state.db").path == "relative/state.db"
+    assert SQLiteStore.from_url("sqlite:////abs/state.db").path == "/abs/state.db"
+    assert SQLiteStore.from_url("sqlite://:memory:").path == ":memory:"
+    assert SQLiteStore.from_url("sqlite:///with%20space.db?timeout=2")._timeout == 2.0
+    with pytest.raises(ValueError, match=r"sqlite:///relative\.db"):
+        SQLiteStore.from_url("sqlite://host/state.db")
