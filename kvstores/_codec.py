@@ -37,6 +37,7 @@ MAX_TTL_SECONDS = 10 * 365 * 24 * 60 * 60
 """Longest TTL accepted: ten years. Use ``ttl=None`` for entries that never expire."""
 
 _CONTAINERS = (dict, list, tuple)
+_SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
 def _reject_object(obj: object) -> NoReturn:
@@ -106,19 +107,16 @@ def ttl_milliseconds(seconds: float) -> int:
 def _check_str_keys(value: dict[str, Any]) -> None:
     """Reject dict keys that are not str (json.dumps would silently stringify them)."""
     stack: list[Any] = [value]
-    pop, push = stack.pop, stack.append
     while stack:
-        node = pop()
+        node = stack.pop()
         if isinstance(node, dict):
             for k, v in node.items():
-                if not isinstance(k, str):
+                if k.__class__ is not str and not isinstance(k, str):
                     raise SerializationError(f"dict keys must be str, found {type(k).__name__} key {k!r}")
-                if isinstance(v, _CONTAINERS):
-                    push(v)
+                if v.__class__ in _CONTAINERS or (v.__class__ not in _SCALARS and isinstance(v, _CONTAINERS)):
+                    stack.append(v)
         else:
-            for v in node:
-                if isinstance(v, _CONTAINERS):
-                    push(v)
+            stack.extend(v for v in node if isinstance(v, _CONTAINERS))
 
 
 def encode_value(value: Mapping[str, Any]) -> str:

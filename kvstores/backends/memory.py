@@ -76,15 +76,6 @@ class MemoryStore(BaseStore):
             return None
         return entry
 
-    def _write(self, pairs: Sequence[tuple[str, str]], texts: Sequence[str], ttl: float | None) -> None:
-        now = monotonic()
-        if now >= self._next_sweep:
-            self._sweep(now)
-        expires = None if ttl is None else now + ttl
-        cache = self._cache
-        for pair, text in zip(pairs, texts):
-            cache[pair] = (text, expires)
-
     def _scan(self) -> list[tuple[tuple[str, str], float | None]]:
         """Every (pair, expiry), read without refreshing LRU order (LRUCache.__getitem__ would)."""
         peek = Cache.__getitem__
@@ -107,7 +98,10 @@ class MemoryStore(BaseStore):
         return entry[0]
 
     async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
-        self._write(((collection, key),), (text,), ttl)
+        now = monotonic()
+        if now >= self._next_sweep:
+            self._sweep(now)
+        self._cache[collection, key] = (text, None if ttl is None else now + ttl)
 
     async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
         now = monotonic()
@@ -126,7 +120,13 @@ class MemoryStore(BaseStore):
         return rows
 
     async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
-        self._write([(collection, key) for key in keys], texts, ttl)
+        now = monotonic()
+        if now >= self._next_sweep:
+            self._sweep(now)
+        expires = None if ttl is None else now + ttl
+        cache = self._cache
+        for key, text in zip(keys, texts):
+            cache[collection, key] = (text, expires)
 
     async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
         now = monotonic()
