@@ -1,0 +1,184 @@
+"""RedisStore against raw redis.asyncio and py-key-value-aio's RedisStore, measured in one run.
+
+Contenders run interleaved in many short rounds (round-robin, order rotated every round) so
+that machine noise hits all of them alike; each figure is the median over the rounds, in items per second
+(a batch call of 100 keys counts 100). Every contender stores {"value": "x"*100} as JSON
+text and returns dicts, one coroutine at a time (latency-bound, as an MCP server's calls are):
+
+- raw: redis.asyncio with json.dumps/json.loads: GET / SET, MGET, and a pipeline of one SET
+  per item (not a transaction);
+- kvstores: RedisStore.get / put / get_many / put_many (put_many is atomic);
+- py-key-value: key_value.aio.stores.redis.RedisStore, same calls.
+
+Run: python benchmarks/bench_redis.py [--url redis://127.0.0.1:6379/15] [--rounds 40] [--ops 250]
+Writes benchmarks/results/redis.json. The keys used are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+from key_value.aio.stores.redis import RedisStore as PyKeyValueRedisStore
+from redis.asyncio import Redis
+from redis.utils import HIREDIS_AVAILABLE
+
+from kvstores.backends.redis import RedisStore
+
+VALUE = {"value": "x" * 100}
+KEYS = [f"key-{i}" for i in range(1000)]
+BATCH = 100
+BATCHES = [KEYS[start : start + BATCH] for start in range(0, len(KEYS), BATCH)]
+PREFIX = "bench-kvstores"
+Op = Callable[[int], Awaitable[Any]]
+TARGETS = {"vs raw: get, put": 0.9, "vs raw: get_many, put_many": 0.7, "vs py-key-value: every op": 1.3}
+
+
+async def measure(contenders: dict[str, Op], calls: int, items_per_call: int, rounds: int) -> dict[str, float]:
+    """Median items/s of each contender over interleaved rounds."""
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for round_ in range(rounds + 1):  # round 0 warms up and is discarded
+        order = names[round_ % len(names) :] + names[: round_ % len(names)]
+        for name in order:
+            op = contenders[name]
+            start = time.perf_counter()
+            for i in range(calls):
+                await op(i)
+            if round_:
+                samples[name].append(calls * items_per_call / (time.perf_counter() - start))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def raw_ops(client: Redis) -> dict[str, Op]:
+    """What a careful user of redis.asyncio writes by hand, JSON included."""
+
+    async def get(i: int) -> Any:
+        text = await client.get(f"raw:{KEYS[i % 1000]}")
+        return None if text is None else json.loads(text)
+
+    async def put(i: int) -> None:
+        await client.set(f"raw:{KEYS[i % 1000]}", json.dumps(VALUE))
+
+    async def get_many(i: int) -> Any:
+        texts = await client.mget([f"raw:{key}" for key in BATCHES[i % len(BATCHES)]])
+        return [None if text is None else json.loads(text) for text in texts]
+
+    async def put_many(i: int) -> None:
+        pipe = client.pipeline(transaction=False)
+        for key in BATCHES[i % len(BATCHES)]:
+            pipe.set(f"raw:{key}", json.dumps(VALUE))
+        await pipe.execute()
+
+    return {"get": get, "put": put, "get_many": get_many, "put_many": put_many}
+
+
+def store_ops(store: Any) -> dict[str, Op]:
+    """The same four calls on a key-value store (kvstores or py-key-value)."""
+
+    async def get(i: int) -> Any:
+        return await store.get(KEYS[i % 1000])
+
+    async def put(i: int) -> None:
+        await store.put(KEYS[i % 1000], VALUE)
+
+    async def get_many(i: int) -> Any:
+        return await store.get_many(BATCHES[i % len(BATCHES)])
+
+    async def put_many(i: int) -> None:
+        keys = BATCHES[i % len(BATCHES)]
+        await store.put_many(keys, [VALUE] * len(keys))
+
+    return {"get": get, "put": put, "get_many": get_many, "put_many": put_many}
+
+
+async def scenarios(url: str, ops: int, rounds: int) -> dict[str, dict[str, float]]:
+    raw = Redis.from_url(url)
+    ours = RedisStore.from_url(url, prefix=PREFIX)
+    theirs = PyKeyValueRedisStore(url=url)
+    contenders = {"kvstores": store_ops(ours), "raw": raw_ops(raw), "py-key-value": store_ops(theirs)}
+    results: dict[str, dict[str, float]] = {}
+    try:
+        for name in contenders:  # every get reads a stored value
+            for i in range(len(BATCHES)):
+                await contenders[name]["put_many"](i)
+        for op in ("get", "put", "get_many", "put_many"):
+            batch = op.endswith("_many")
+            calls = max(1, ops // 10) if batch else ops
+            measured = {name: ops_of[op] for name, ops_of in contenders.items()}
+            results[op] = await measure(measured, calls, BATCH if batch else 1, rounds)
+    finally:
+        await ours.destroy()
+        await theirs.delete_many(KEYS)
+        await raw.delete(*(f"raw:{key}" for key in KEYS))
+        await ours.aclose()
+        await theirs.close()
+        await raw.aclose()
+    return results
+
+
+def report(results: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Print a table and return the JSON document with ratios."""
+    ratios = {
+        f"{op} vs {baseline}": figures["kvstores"] / figures[baseline]
+        for op, figures in results.items()
+        for baseline in ("raw", "py-key-value")
+    }
+    print(f"{'op':<10} {'kvstores':>12} {'raw':>12} {'py-key-value':>13} {'vs raw':>8} {'vs pykv':>8}  (items/s)")
+    for op, figures in results.items():
+        print(
+            f"{op:<10} {figures['kvstores']:>12,.0f} {figures['raw']:>12,.0f} {figures['py-key-value']:>13,.0f}"
+            f" {ratios[f'{op} vs raw']:>7.2f}x {ratios[f'{op} vs py-key-value']:>7.2f}x"
+        )
+    met = {
+        "vs raw: get, put": all(ratios[f"{op} vs raw"] >= TARGETS["vs raw: get, put"] for op in ("get", "put")),
+        "vs raw: get_many, put_many": all(
+            ratios[f"{op} vs raw"] >= TARGETS["vs raw: get_many, put_many"] for op in ("get_many", "put_many")
+        ),
+        "vs py-key-value: every op": all(
+            ratios[f"{op} vs py-key-value"] >= TARGETS["vs py-key-value: every op"] for op in results
+        ),
+    }
+    for target, ok in met.items():
+        print(f"target {target} >= {TARGETS[target]}x: {'met' if ok else 'MISSED'}")
+    return {
+        "machine": {
+            "python": platform.python_version(),
+            "cpu_count": os.cpu_count(),
+            "redis-py": redis.__version__,
+            "hiredis": HIREDIS_AVAILABLE,
+        },
+        "unit": "items per second (median of interleaved rounds; batches of 100 keys count 100)",
+        "items_per_second": results,
+        "ratios": ratios,
+        "targets": {name: f">= {value}x" for name, value in TARGETS.items()},
+        "targets_met": met,
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="redis://127.0.0.1:6379/15")
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument(
+        "--ops", type=int, default=250, help="single-key calls per contender per round (batches: a tenth)"
+    )
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "redis.json")
+    options = parser.parse_args()
+    document = report(await scenarios(options.url, options.ops, options.rounds))
+    with redis.Redis.from_url(options.url) as client:
+        document["machine"]["redis-server"] = client.info("server")["redis_version"]
+    options.out.write_text(json.dumps(document, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,422 @@
+"""RedisStore: a store on Redis or Redis Cluster, on redis-py's asyncio client (redis >= 5).
+
+Layout: each entry is one Redis string whose value is the entry's JSON text, under the key::
+
+    <prefix>{<collection, with % { } written as %25 %7B %7D>}<key>
+
+The collection is the key's hash tag, so all keys of one collection share a Cluster slot
+(MGET and MULTI/EXEC never raise CROSSSLOT). The first ``}`` ends the tag and the rest is
+the key verbatim, so no two (collection, key) pairs share a Redis key whatever characters
+they hold. The prefix (default ``"kvstores"``) must be non-empty and must not contain ``{``.
+
+Commands: get = GET; ttl = GET + PTTL in one pipeline; get_many = MGET; ttl_many = MGET +
+PTTLs in one pipeline; put = SET (``PX`` milliseconds when a TTL is given; a plain SET clears
+an earlier TTL); put_many = one Lua script call (EVALSHA) running the same SETs, atomic like
+MULTI/EXEC and also on a Cluster, for up to 10,000 keys (larger calls run as consecutive
+calls of 10,000 keys); delete/delete_many = DEL.
+MGET and DEL take at most 1,000 keys each; more are pipelined in one round trip.
+keys(), collections(), destroy_collection() and destroy() SCAN (every primary of a Cluster)
+with the prefix and collection glob-escaped; destroy() deletes only keys under the prefix,
+never FLUSHDB. Redis expires entries itself, so ``cull()`` has nothing to do.
+
+URLs: ``redis://[user:password@]host:6379/0``, ``rediss://...`` (TLS), ``unix:///path.sock?db=0``
+and ``redis+cluster://host:port`` for a Cluster (any one node). The URL goes to redis-py's
+``from_url`` unchanged apart from the store's own query options (``prefix``, ``timeout``,
+``max_connections``, ``default_collection``), so every redis-py URL option keeps working
+(e.g. ``?health_check_interval=30``, ``?ssl_ca_certs=...``).
+
+Options: ``prefix``; ``timeout`` (default 5 s: bounds connecting and each reply, so an
+unreachable or hung server raises StoreConnectionError instead of hanging);
+``max_connections`` (default 50, per server: more concurrent operations queue for a
+connection instead of failing); ``default_collection``; other keyword options go to
+redis-py's client. Or pass ``client=`` a ``redis.asyncio.Redis`` or ``RedisCluster`` you
+own: the store never closes it, and the client's own settings (timeouts, retries, pool
+size) apply.
+
+A connection refused or reset is retried twice with a short backoff, so a restarted server
+is picked up by the same store object; timeouts are not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
+from contextlib import aclosing
+from types import TracebackType
+from typing import Any, Final, cast
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+
+from kvstores._codec import ttl_milliseconds
+from kvstores._optional import missing_extra
+from kvstores.base import DEFAULT_COLLECTION, BaseStore
+from kvstores.errors import DeserializationError, KVStoreError, StoreConnectionError
+
+try:
+    from redis import exceptions as redis_errors
+    from redis.asyncio import ConnectionPool, Redis, RedisCluster
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise missing_extra("redis", "redis") from exc
+
+__all__ = ["DEFAULT_PREFIX", "RedisStore"]
+
+DEFAULT_PREFIX = "kvstores"
+"""The key prefix used when none is given."""
+
+_CLUSTER_SCHEME = "redis+cluster"
+_STORE_QUERY_OPTIONS = {"prefix": str, "timeout": float, "max_connections": int, "default_collection": str}
+_CHUNK: Final = 1_000  # keys per MGET / DEL
+_ATOMIC_CHUNK: Final = 10_000  # keys per put_many script call
+# put_many: SET every key, with PX ARGV[1] unless it is empty, in one atomic script call.
+# (MULTI/EXEC would do on a single server, but redis-py's asyncio RedisCluster transactions
+# run a thread and an event loop per queued command.)
+_PUT_SCRIPT = """
+local px = ARGV[1]
+for i, key in ipairs(KEYS) do
+  if px == '' then
+    redis.call('SET', key, ARGV[i + 1])
+  else
+    redis.call('SET', key, ARGV[i + 1], 'PX', px)
+  end
+end
+return #KEYS
+"""
+_SCAN_COUNT: Final = 1_000
+_HEADS_CACHED: Final = 1_000  # collections whose key head is kept ready
+_TAG_ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
+_GLOB_ESCAPES = str.maketrans({char: "\\" + char for char in "*?[]\\"})
+_UNREACHABLE = (
+    redis_errors.ConnectionError,  # includes BusyLoadingError and MaxConnectionsError
+    redis_errors.TimeoutError,
+    redis_errors.ClusterDownError,  # includes MasterDownError
+    redis_errors.TryAgainError,
+    redis_errors.SlotNotCoveredError,
+)
+
+_Client = Redis | RedisCluster
+
+
+class _Translated:
+    """Translate redis-py errors: the one place this backend does it."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None or isinstance(exc, KVStoreError):
+            return
+        if isinstance(exc, _UNREACHABLE) or isinstance(exc.__cause__, _UNREACHABLE):  # "Cluster cannot be connected"
+            raise StoreConnectionError(f"Redis: {exc}") from exc
+        if isinstance(exc, (redis_errors.RedisError, redis_errors.RedisClusterException)):
+            raise KVStoreError(f"Redis: {exc}") from exc
+
+
+_translated = _Translated()  # a plain class: entered on every command, so kept cheap
+
+
+class _Gate:
+    """Entered around every command; the store's own clients get a bound, Clusters discovery.
+
+    With ``limit``, at most that many commands run at once, so the client's pool (sized
+    alike) never runs out of connections; the others wait in FIFO order. This costs a
+    fraction of asyncio.Semaphore per command. redis-py's RedisCluster discovers its nodes
+    on first use, and commands that race that discovery can find their connection closed
+    under them, so on a Cluster each command first awaits ``initialize()`` (a no-op once done).
+    """
+
+    def __init__(self, limit: int | None, cluster: RedisCluster | None) -> None:
+        self._free = limit
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._cluster = cluster
+
+    async def __aenter__(self) -> None:
+        if self._free is not None:
+            if self._free > 0:
+                self._free -= 1
+            else:
+                await self._wait()
+        if self._cluster is not None:
+            try:
+                await self._cluster.initialize()
+            except BaseException:
+                self._release()
+                raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._release()
+
+    async def _wait(self) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # handed a slot as it was cancelled: hand it on
+            raise
+
+    def _release(self) -> None:
+        if self._free is None:
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes straight to the next waiter
+                return
+        self._free += 1
+
+
+def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _glob(text: str) -> str:
+    """``text`` as a SCAN MATCH pattern that matches only itself."""
+    return text.translate(_GLOB_ESCAPES)
+
+
+def _text(raw: bytes | str | None) -> str | None:
+    """A stored value as text (the client may or may not decode replies itself)."""
+    if raw is None or isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as exc:
+        raise DeserializationError("a stored value is not UTF-8 text") from exc
+
+
+def _name(raw: bytes | str) -> str | None:
+    """A Redis key as text, or None when it is not UTF-8 (so not written by kvstores)."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _remaining(milliseconds: int) -> float | None:
+    """PTTL's reply as seconds: None for no expiry (-1)."""
+    return None if milliseconds < 0 else milliseconds / 1000
+
+
+def _split_store_options(url: str) -> tuple[str, dict[str, Any]]:
+    """Take kvstores' own options out of the URL's query; leave everything else as it is."""
+    parts = urlsplit(url)
+    rest: list[tuple[str, str]] = []
+    options: dict[str, Any] = {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name in _STORE_QUERY_OPTIONS:
+            options[name] = _STORE_QUERY_OPTIONS[name](value)
+        else:
+            rest.append((name, value))
+    if options:
+        url = urlunsplit(parts._replace(query=urlencode(rest)))
+    return url, options
+
+
+class RedisStore(BaseStore):
+    """A store on Redis (standalone or Cluster) with native millisecond TTLs."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        client: _Client | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        timeout: float = 5.0,
+        max_connections: int = 50,
+        default_collection: str = DEFAULT_COLLECTION,
+        **client_options: Any,
+    ) -> None:
+        super().__init__(default_collection=default_collection)
+        if not isinstance(prefix, str) or not prefix or "{" in prefix:
+            raise ValueError(f"prefix must be a non-empty str without '{{', got {prefix!r}")
+        if (url is None) == (client is None):
+            raise TypeError("RedisStore needs either a URL or client=, not both")
+        self.prefix = prefix
+        self._pattern = _glob(prefix) + "{*"  # every key under the prefix
+        self._owns_client = client is None
+        if client is None:
+            assert url is not None
+            client = self._connect(url, timeout, max_connections, client_options)
+        self.client = client
+        cluster = client if isinstance(client, RedisCluster) else None
+        self._gate = _Gate(max_connections if self._owns_client else None, cluster)
+        self._heads: dict[str, str] = {}
+        self._put_script = client.register_script(_PUT_SCRIPT)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisStore:
+        """Open ``redis://``, ``rediss://``, ``unix://`` or ``redis+cluster://`` URLs."""
+        url, query = _split_store_options(url)
+        return cls(url, **{**query, **options})
+
+    @staticmethod
+    def _connect(url: str, timeout: float, max_connections: int, options: dict[str, Any]) -> _Client:
+        backoff = ExponentialBackoff(cap=0.5, base=0.05)
+        options = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "max_connections": max_connections,
+            **options,
+        }
+        scheme, separator, rest = url.partition("://")
+        if scheme.lower() == _CLUSTER_SCHEME:
+            # one retry: enough to follow a failover or a restarted node (it rediscovers the nodes)
+            options.setdefault("retry", Retry(backoff, 1))
+            return RedisCluster.from_url(f"redis{separator}{rest}", **options)
+        # a refused or reset connection is retried (a restarted server); a timeout is not
+        options.setdefault("retry", Retry(backoff, 2, (redis_errors.ConnectionError,)))
+        return Redis.from_pool(ConnectionPool.from_url(url, **options))
+
+    async def _close(self) -> None:
+        if self._owns_client:
+            with _translated:
+                await self.client.aclose()
+
+    # -- keys ----------------------------------------------------------------------
+
+    def _head(self, collection: str) -> str:
+        """The start of every Redis key of ``collection``: the prefix and the hash tag."""
+        head = self._heads.get(collection)
+        if head is None:
+            if len(self._heads) >= _HEADS_CACHED:
+                self._heads.clear()
+            head = self._heads[collection] = f"{self.prefix}{{{collection.translate(_TAG_ESCAPES)}}}"
+        return head
+
+    def _names(self, collection: str, keys: Iterable[str]) -> list[str]:
+        head = self._head(collection)
+        return [head + key for key in keys]
+
+    def _collection_of(self, name: str) -> str | None:
+        """The collection of a Redis key under the prefix, or None if kvstores did not write it."""
+        start = len(self.prefix) + 1
+        close = name.find("}", start)
+        if close <= start or not name.startswith(self.prefix + "{"):
+            return None
+        return unquote(name[start:close])
+
+    # -- commands ------------------------------------------------------------------
+
+    async def _execute(self, *args: Any) -> Any:
+        with _translated:
+            async with self._gate:
+                return await self.client.execute_command(*args)
+
+    async def _pipeline(self, commands: Iterable[Sequence[Any]]) -> list[Any]:
+        """Send ``commands`` in one round trip (not a transaction) and return their replies."""
+        with _translated:
+            async with self._gate:
+                pipe = self.client.pipeline(transaction=False)
+                for args in commands:
+                    pipe.execute_command(*args)
+                return await pipe.execute()
+
+    async def _scan(self, pattern: str, limit: int | None, convert: Callable[[str], str | None]) -> list[str]:
+        """Distinct ``convert(name)`` of the Redis keys matching ``pattern`` on every primary.
+
+        Names that convert to None are skipped; the scan stops once ``limit`` are found.
+        """
+        found: dict[str, None] = {}
+        with _translated:
+            async with self._gate:
+                scan = cast(AsyncGenerator[Any, None], self.client.scan_iter(match=pattern, count=_SCAN_COUNT))
+                async with aclosing(scan) as names:
+                    async for raw in names:
+                        name = _name(raw)
+                        item = None if name is None else convert(name)
+                        if item is not None:
+                            found[item] = None
+                            if len(found) == limit:
+                                break
+        return list(found)
+
+    async def _delete_names(self, names: Sequence[str]) -> int:
+        """DEL ``names`` (any slots), 1,000 at a time; return how many existed."""
+        deleted = 0
+        for chunk in _chunks(names):
+            with _translated:
+                async with self._gate:
+                    deleted += await self.client.delete(*chunk)
+        return deleted
+
+    # -- primitives ----------------------------------------------------------------
+
+    async def _get(self, collection: str, key: str) -> str | None:
+        return _text(await self._execute("GET", self._head(collection) + key))
+
+    async def _ttl(self, collection: str, key: str) -> tuple[str | None, float | None]:
+        name = self._head(collection) + key
+        raw, milliseconds = await self._pipeline((("GET", name), ("PTTL", name)))
+        if raw is None or milliseconds == -2:  # -2: it expired between GET and PTTL
+            return None, None
+        return _text(raw), _remaining(milliseconds)
+
+    async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
+        names = self._names(collection, keys)
+        if len(names) <= _CHUNK:
+            values = await self._execute("MGET", *names)
+        else:
+            replies = await self._pipeline([("MGET", *chunk) for chunk in _chunks(names)])
+            values = [value for reply in replies for value in reply]
+        return [_text(value) for value in values]
+
+    async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[str | None, float | None]]:
+        names = self._names(collection, keys)
+        mgets = [("MGET", *chunk) for chunk in _chunks(names)]
+        replies = await self._pipeline([*mgets, *(("PTTL", name) for name in names)])
+        values = [value for reply in replies[: len(mgets)] for value in reply]
+        return [
+            (None, None) if raw is None or milliseconds == -2 else (_text(raw), _remaining(milliseconds))
+            for raw, milliseconds in zip(values, replies[len(mgets) :])
+        ]
+
+    async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
+        name = self._head(collection) + key
+        if ttl is None:
+            await self._execute("SET", name, text)
+        else:
+            await self._execute("SET", name, text, "PX", ttl_milliseconds(ttl))
+
+    async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
+        names = self._names(collection, keys)
+        milliseconds = "" if ttl is None else str(ttl_milliseconds(ttl))
+        for start in range(0, len(names), _ATOMIC_CHUNK):
+            end = start + _ATOMIC_CHUNK
+            with _translated:
+                async with self._gate:
+                    await self._put_script(keys=names[start:end], args=[milliseconds, *texts[start:end]])
+
+    async def _delete(self, collection: str, key: str) -> bool:
+        return bool(await self._execute("DEL", self._head(collection) + key))
+
+    async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
+        names = self._names(collection, keys)
+        if len(names) <= _CHUNK:
+            return int(await self._execute("DEL", *names))
+        return sum(await self._pipeline([("DEL", *chunk) for chunk in _chunks(names)]))
+
+    async def _keys(self, collection: str, limit: int | None) -> list[str]:
+        head = self._head(collection)
+        return await self._scan(_glob(head) + "*", limit, lambda name: name[len(head) :])
+
+    async def _collections(self, limit: int | None) -> list[str]:
+        return await self._scan(self._pattern, limit, self._collection_of)
+
+    async def _destroy_collection(self, collection: str) -> bool:
+        names = await self._scan(_glob(self._head(collection)) + "*", None, str)
+        return await self._delete_names(names) > 0
+
+    async def _destroy(self) -> bool:
+        names = await self._scan(self._pattern, None, lambda name: None if self._collection_of(name) is None else name)
+        return await self._delete_names(names) > 0
+
+    async def _cull(self) -> None:
+        """Nothing to do: Redis reclaims expired keys itself."""

@@ -1,0 +1,182 @@
+"""``kvstores bench``: measure stores side by side with their raw drivers and py-key-value-aio.
+
+Usage: ``kvstores bench [TARGET ...] [--compare] [--quick] [--json FILE] [--plot FILE.png]``
+(until the console script has the subcommand: ``python -m kvstores.bench ...``).
+
+TARGET is any store URL; the default is ``memory://`` and a temporary SQLite file. Each
+target runs get, put, put with TTL, ttl, and get_many/put_many/delete_many of 100 keys, at
+value sizes 100 B, 10 KB and 1 MB, with 1 and 64 concurrent tasks, then MCP event-store
+append and replay (when ``mcp`` is installed). It reports ops/s and p50/p99 latency per row.
+``--compare`` adds, interleaved in the same run, the raw driver doing the same work (see
+:mod:`kvstores.bench._baselines`), py-key-value-aio's store on the same backend where one
+exists, and fastmcp's EventStore; each row then shows ours/baseline ops/s. ``--scaling``
+adds sweeps over collection size, value size and concurrency (``--large`` adds the 1M-key
+SQLite and 100k-key Redis/MongoDB points). Scenario definitions: :mod:`kvstores.bench._scenarios`;
+the method: :mod:`kvstores.bench._measure` and ``benchmarks/BENCHMARKS.md``.
+
+The benchmark writes to the collections ``kvbench*`` (and fastmcp's ``fastmcp_events`` and
+``fastmcp_streams``) of each target and destroys them at the end: point it at a scratch database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kvstores._optional import missing_extra
+from kvstores.bench._measure import Settings
+from kvstores.bench._report import evaluate, plot, print_tables
+from kvstores.bench._run import Plan, Progress, run_target
+from kvstores.errors import KVStoreError
+
+__all__ = ["main"]
+
+_QUICK = Plan(
+    value_sizes=(100,),
+    concurrencies=(1, 64),
+    settings=Settings(rounds=3, slice_seconds=0.02, max_batch_seconds=1.0),
+    compare=False,
+    events=True,
+    scaling=False,
+    collection_sizes={"other": (1_000, 10_000)},
+    scaling_value_sizes=(100, 10_000, 1_000_000),
+    scaling_concurrencies=(1, 16, 64),
+)
+_FULL = Plan(
+    value_sizes=(100, 10_000, 1_000_000),
+    concurrencies=(1, 64),
+    settings=Settings(rounds=5, slice_seconds=0.08, max_batch_seconds=3.0),
+    compare=False,
+    events=True,
+    scaling=False,
+    collection_sizes={"memory": (1_000, 100_000, 1_000_000), "sqlite": (1_000, 100_000), "other": (1_000, 10_000)},
+    scaling_value_sizes=(100, 1_000, 10_000, 100_000, 1_000_000),
+    scaling_concurrencies=(1, 4, 16, 64, 256),
+)
+_LARGE = {"memory": (1_000, 100_000, 1_000_000), "sqlite": (1_000, 100_000, 1_000_000), "other": (1_000, 100_000)}
+
+
+class _RichProgress(Progress):
+    """A rich progress bar on stderr, one stage at a time."""
+
+    def __init__(self, bar: Any) -> None:
+        self._bar = bar
+        self._task = bar.add_task("starting", total=None)
+
+    def start(self, description: str, total: int) -> None:
+        """Begin a stage."""
+        self._bar.reset(self._task, description=description, total=total)
+
+    def tick(self) -> None:
+        """One round of one contender is done."""
+        self._bar.advance(self._task)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvstores bench", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument(
+        "targets", nargs="*", metavar="TARGET", help="store URLs (default: memory:// and a temp SQLite)"
+    )
+    parser.add_argument("--compare", action="store_true", help="add raw-driver, py-key-value and fastmcp baselines")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, shorter rounds (under a minute)")
+    parser.add_argument("--scaling", action="store_true", help="add collection-size, value-size and concurrency sweeps")
+    parser.add_argument("--large", action="store_true", help="with --scaling: 1M SQLite keys, 100k Redis/MongoDB keys")
+    parser.add_argument("--no-events", action="store_true", help="skip the MCP event-store scenarios")
+    parser.add_argument("--rounds", type=int, help="measured rounds per row (after one warm-up round)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png", help="write plots (needs matplotlib: kvstores[plot])")
+    return parser
+
+
+def _plan(options: argparse.Namespace) -> Plan:
+    base = _QUICK if options.quick else _FULL
+    settings = Settings(
+        options.rounds or base.settings.rounds, base.settings.slice_seconds, base.settings.max_batch_seconds
+    )
+    return Plan(
+        value_sizes=base.value_sizes,
+        concurrencies=base.concurrencies,
+        settings=settings,
+        compare=options.compare,
+        events=not options.no_events and importlib.util.find_spec("mcp") is not None,
+        scaling=options.scaling,
+        collection_sizes=_LARGE if options.large else base.collection_sizes,
+        scaling_value_sizes=base.scaling_value_sizes,
+        scaling_concurrencies=base.scaling_concurrencies,
+    )
+
+
+async def _run_all(targets: dict[str, str], plan: Plan, progress: Progress) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    scaling: dict[str, list[dict[str, Any]]] = {}
+    for label, url in targets.items():
+        target_rows, target_scaling = await run_target(label, url, plan, progress)
+        rows += target_rows
+        for axis, points in target_scaling.items():
+            scaling.setdefault(axis, []).extend(points)
+    return {"rows": rows, "scaling": scaling}
+
+
+def _document(argv: list[str], plan: Plan, results: dict[str, Any], elapsed: float) -> dict[str, Any]:
+    return {
+        "command": ["kvstores", "bench", *argv],
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+        },
+        "settings": {
+            "rounds": plan.settings.rounds,
+            "warmup_rounds": 1,
+            "slice_seconds": plan.settings.slice_seconds,
+            "value_sizes": list(plan.value_sizes),
+            "concurrencies": list(plan.concurrencies),
+            "compare": plan.compare,
+        },
+        "elapsed_seconds": round(elapsed, 1),
+        "targets": evaluate(results["rows"]),
+        **results,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``kvstores bench`` with ``argv`` (default: sys.argv[1:]); return the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    options = _parser().parse_args(argv)
+    plan = _plan(options)
+    try:
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichProgressBar
+    except ImportError as exc:
+        raise missing_extra("rich", "cli") from exc
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kvbench-") as folder:
+        urls = options.targets or ["memory://", f"sqlite:///{folder}/bench.db"]
+        targets = {url if options.targets else url.split(":")[0]: url for url in urls}
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        try:
+            with RichProgressBar(*columns, transient=True) as bar:
+                results = asyncio.run(_run_all(targets, plan, _RichProgress(bar)))
+        except (KVStoreError, OSError) as exc:
+            print(f"kvstores bench: {exc}", file=sys.stderr)
+            return 1
+    document = _document(argv, plan, results, time.perf_counter() - started)
+    print_tables(document["rows"], document["targets"])
+    if options.json:
+        options.json.write_text(json.dumps(document, indent=1) + "\n")
+    if options.plot:
+        for path in plot(document["rows"], document["scaling"], options.plot):
+            print(f"wrote {path}")
+    print(f"{len(document['rows'])} rows in {document['elapsed_seconds']} s")
+    return 0

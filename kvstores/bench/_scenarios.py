@@ -1,0 +1,158 @@
+"""The scenario definitions: what each benchmarked operation does, on which data.
+
+Key-value scenarios (every contender gets the same calls):
+
+- values are ``{"data": "xxx..."}`` whose compact JSON is the row's value size;
+- reads and overwrites cycle over a key space populated before the size's rows run
+  (200 keys, so two distinct bulk batches; 16 keys for values of 1 MB and more);
+- ``get``, ``ttl``, ``put`` (no TTL) and ``put_ttl`` (TTL of one hour) touch one key;
+  ``get_many``, ``put_many`` and ``delete_many`` touch :data:`BATCH` keys per call, and
+  their ops/s count calls, not keys; ``delete_many`` deletes keys that exist (written,
+  untimed, before each batch); bulk rows are skipped for values of 1 MB and more (a call
+  would move 100 MB);
+- everything goes to collection :data:`COLLECTION`.
+
+Event-store scenarios (MCP resumability): ``append`` stores a small JSON-RPC notification
+on one stream; ``replay`` replays a 100-event stream after its first event (99 events
+sent to a callback that drops them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvstores.bench._measure import Scenario
+
+__all__ = [
+    "BATCH",
+    "BULK_OPERATIONS",
+    "COLLECTION",
+    "EVENT_COLLECTION",
+    "KV_OPERATIONS",
+    "SCALE_COLLECTION",
+    "SINGLE_OPERATIONS",
+    "event_scenarios",
+    "key_space",
+    "kv_scenarios",
+    "replay_subject",
+    "value_of",
+]
+
+COLLECTION = "kvbench"
+"""The collection the key-value scenarios use (destroyed after each target)."""
+
+EVENT_COLLECTION = "kvbench_events"
+"""The collection StoreEventStore writes to in the benchmark."""
+
+SCALE_COLLECTION = "kvbench_scale"
+"""The collection the collection-size sweep fills."""
+
+BATCH = 100
+"""Keys per bulk call."""
+
+TTL = 3600.0
+"""Seconds of TTL in ``put_ttl``."""
+
+SINGLE_OPERATIONS = ("get", "put", "put_ttl", "ttl")
+"""Operations on one key."""
+
+BULK_OPERATIONS = ("get_many", "put_many", "delete_many")
+"""Operations on :data:`BATCH` keys."""
+
+KV_OPERATIONS = SINGLE_OPERATIONS + BULK_OPERATIONS
+"""Every key-value operation, in report order."""
+
+_LARGE = 1_000_000  # values this size and above use a small key space and no bulk rows
+_REFILL_BYTES = 16_000_000  # data one delete_many batch may (re)write before it runs
+
+
+def value_of(size: int) -> dict[str, Any]:
+    """A value whose compact JSON encoding is ``size`` bytes (at least 11)."""
+    return {"data": "x" * max(0, size - 11)}
+
+
+def key_space(size: int) -> list[str]:
+    """The keys populated for values of ``size`` bytes."""
+    return [f"k{i}" for i in range(16 if size >= _LARGE else 200)]
+
+
+def kv_scenarios(size: int, concurrency: int, operations: tuple[str, ...] = KV_OPERATIONS) -> list[Scenario]:
+    """The key-value rows for one value size and concurrency, over the populated :func:`key_space`."""
+    value = value_of(size)
+    names = key_space(size)
+    count = len(names)
+    batches = [names[start : start + BATCH] for start in range(0, count - BATCH + 1, BATCH)]
+    values = [value] * BATCH
+    doomed: list[list[str]] = []  # delete_many's batches, rewritten before each run
+
+    async def refill(store: Any, calls: int) -> None:
+        doomed[:] = [[f"d{call}-{i}" for i in range(BATCH)] for call in range(calls)]
+        for batch in doomed:
+            await store.put_many(batch, values, collection=COLLECTION)
+
+    every = {
+        "get": Scenario("get", size, concurrency, lambda s, i: s.get(names[i % count], collection=COLLECTION)),
+        "put": Scenario("put", size, concurrency, lambda s, i: s.put(names[i % count], value, collection=COLLECTION)),
+        "put_ttl": Scenario(
+            "put_ttl", size, concurrency, lambda s, i: s.put(names[i % count], value, collection=COLLECTION, ttl=TTL)
+        ),
+        "ttl": Scenario("ttl", size, concurrency, lambda s, i: s.ttl(names[i % count], collection=COLLECTION)),
+    }
+    if size < _LARGE:
+        every |= {
+            "get_many": Scenario(
+                "get_many", size, concurrency, lambda s, i: s.get_many(batches[i % len(batches)], collection=COLLECTION)
+            ),
+            "put_many": Scenario(
+                "put_many",
+                size,
+                concurrency,
+                lambda s, i: s.put_many(batches[i % len(batches)], values, collection=COLLECTION),
+            ),
+            "delete_many": Scenario(
+                "delete_many",
+                size,
+                concurrency,
+                lambda s, i: s.delete_many(doomed[i], collection=COLLECTION),
+                refill=refill,
+                max_calls=max(1, min(200, _REFILL_BYTES // (BATCH * size))),
+            ),
+        }
+    return [every[operation] for operation in operations if operation in every]
+
+
+def _message() -> Any:
+    from mcp.types import JSONRPCNotification
+
+    return JSONRPCNotification(
+        jsonrpc="2.0", method="notifications/progress", params={"progressToken": "bench", "progress": 1, "total": 100}
+    )
+
+
+async def _drop(event: object) -> None:
+    """A replay callback that discards the events."""
+
+
+async def replay_subject(event_store: Any) -> tuple[Any, str]:
+    """Store a 100-event stream; return ``(event_store, id of its first event)`` for :func:`event_scenarios`."""
+    message = _message()
+    first = await event_store.store_event("bench-replay", message)
+    for _ in range(99):
+        await event_store.store_event("bench-replay", message)
+    sent: list[object] = []
+
+    async def keep(event: object) -> None:
+        sent.append(event)
+
+    await event_store.replay_events_after(first, keep)
+    if len(sent) != 99:
+        raise RuntimeError(f"{type(event_store).__name__} replayed {len(sent)} events, not 99")
+    return event_store, first
+
+
+def event_scenarios(label: str) -> tuple[Scenario, Scenario]:
+    """``(append, replay)``: append's subject is an event store, replay's a :func:`replay_subject`."""
+    message = _message()
+    append = Scenario(f"{label}.append", None, 1, lambda s, i: s.store_event("bench-append", message))
+    replay = Scenario(f"{label}.replay", None, 1, lambda s, i: s[0].replay_events_after(s[1], _drop))
+    return append, replay

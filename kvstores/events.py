@@ -1,0 +1,324 @@
+"""MCP event stores: let a Streamable HTTP client that lost its stream resume where it left off.
+
+The MCP transport stores every message it sends through an event store and, when a client
+reconnects with ``Last-Event-ID``, asks it to replay what came after. Two implementations of
+:class:`mcp.server.streamable_http.EventStore`:
+
+- :class:`InMemoryEventStore`: events in process memory.
+- :class:`StoreEventStore`: events in any :class:`kvstores.AsyncKeyValue` (SQLite, Redis,
+  MongoDB...), so they stay out of process memory and any process sharing the store can replay.
+
+Both pass straight to the MCP SDK and to FastMCP::
+
+    app = mcp.http_app(event_store=StoreEventStore(open_store("redis://localhost")), retry_interval=1000)
+    manager = StreamableHTTPSessionManager(server, event_store=InMemoryEventStore())
+
+Guarantees, the same for both:
+
+- Event ids are opaque: ``<stream token>-<sequence number>``, where the token is 128 random
+  bits drawn once per stream. An id can only be forged by guessing a token, and an id only
+  ever replays the events of its own stream.
+- ``replay_events_after(id)`` sends, in order, every event of that id's stream stored after
+  it, skips priming events (``message`` None: stored, never replayed) and returns the stream
+  id. An unknown, malformed, expired or trimmed id sends nothing and returns None. Replay
+  never scans other streams.
+- Limits, each a constructor argument: ``max_events_per_stream`` (default
+  :data:`DEFAULT_MAX_EVENTS_PER_STREAM`; older events are dropped), ``max_streams`` (default
+  :data:`DEFAULT_MAX_STREAMS`; the least recently used stream is forgotten first) and ``ttl``
+  (default :data:`DEFAULT_TTL` seconds: an event is replayable for that long after it was
+  stored, and a stream without events for that long is forgotten).
+- ``store_event`` never raises: the transport routes every message of a session through it,
+  and an exception there would kill the session. A backend failure is logged as a warning
+  on the ``kvstores.events`` logger and the message is still delivered live, only without
+  resumability.
+
+A stream is whatever stream id the transport passes. FastMCP makes them unique per session
+(it wraps the store in its ``SessionScopedEventStore``, which also refuses another session's
+ids). The plain SDK ``StreamableHTTPSessionManager`` passes the bare request id (or
+``_GET_stream``), and request ids start over in every session: there, concurrent sessions
+that reuse a request id share that stream, as with the SDK's own example store.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import secrets
+import time
+from collections import OrderedDict, deque
+from contextlib import AbstractContextManager, nullcontext
+
+import anyio
+
+from kvstores._optional import missing_extra
+from kvstores.protocol import AsyncKeyValue
+
+try:
+    from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
+    from mcp.types import JSONRPCMessage
+    from pydantic import TypeAdapter
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise missing_extra("mcp", "mcp") from exc
+
+__all__ = [
+    "DEFAULT_COLLECTION",
+    "DEFAULT_MAX_EVENTS_PER_STREAM",
+    "DEFAULT_MAX_STREAMS",
+    "DEFAULT_TTL",
+    "InMemoryEventStore",
+    "StoreEventStore",
+]
+
+DEFAULT_MAX_EVENTS_PER_STREAM = 100
+"""Events kept per stream; storing one more drops the oldest."""
+
+DEFAULT_MAX_STREAMS = 10_000
+"""Streams tracked at once; a new stream beyond it evicts the least recently used."""
+
+DEFAULT_TTL = 3600.0
+"""Seconds an event stays replayable after it was stored."""
+
+DEFAULT_COLLECTION = "kvstores_events"
+"""The collection :class:`StoreEventStore` writes to."""
+
+logger = logging.getLogger("kvstores.events")
+
+_EVENT_ID = re.compile(r"([0-9a-f]{32})-(0|[1-9][0-9]{0,17})\Z")
+_message_adapter: TypeAdapter[JSONRPCMessage] = TypeAdapter(JSONRPCMessage)
+
+
+def _event_id(token: str, seq: int) -> EventId:
+    return f"{token}-{seq}"
+
+
+def _parse_event_id(event_id: object) -> tuple[str, int] | None:
+    """``(token, seq)`` of an id this module minted, or None for anything else."""
+    match = _EVENT_ID.match(event_id) if isinstance(event_id, str) else None
+    return None if match is None else (match[1], int(match[2]))
+
+
+def _positive_int(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _positive_seconds(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+class _Stream:
+    """One stream's cursor: its random token, next sequence number and (in memory) its events."""
+
+    __slots__ = ("events", "next_seq", "stream_id", "token", "touched")
+
+    def __init__(self, stream_id: StreamId, max_events: int) -> None:
+        self.stream_id = stream_id
+        self.token = secrets.token_hex(16)
+        self.next_seq = 0
+        self.touched = 0.0
+        self.events: deque[tuple[int, float, JSONRPCMessage | None]] = deque(maxlen=max_events)
+
+
+class _Streams:
+    """Streams by id and by token, least recently used first, bounded in count and idle time."""
+
+    def __init__(self, max_streams: int, max_events: int, ttl: float) -> None:
+        self.max_streams = max_streams
+        self.max_events = max_events
+        self.ttl = ttl
+        self.by_id: OrderedDict[StreamId, _Stream] = OrderedDict()
+        self.by_token: dict[str, _Stream] = {}
+
+    def touch(self, stream_id: StreamId, now: float) -> _Stream:
+        """The stream ``stream_id`` (new if unknown), marked as used now; evicts what is over the limits."""
+        stream = self.by_id.get(stream_id)
+        if stream is None:
+            stream = self.by_id[stream_id] = _Stream(stream_id, self.max_events)
+            self.by_token[stream.token] = stream
+        else:
+            self.by_id.move_to_end(stream_id)
+        stream.touched = now
+        self._evict(now - self.ttl)
+        return stream
+
+    def _evict(self, idle_before: float) -> None:
+        by_id = self.by_id
+        while len(by_id) > self.max_streams or next(iter(by_id.values())).touched <= idle_before:
+            _, stream = by_id.popitem(last=False)
+            del self.by_token[stream.token]
+
+
+class InMemoryEventStore(EventStore):
+    """Events in process memory: O(1) append, bounded by streams x events per stream.
+
+    Memory holds at most ``max_streams`` streams of ``max_events_per_stream`` events each
+    (defaults :data:`DEFAULT_MAX_STREAMS` and :data:`DEFAULT_MAX_EVENTS_PER_STREAM`); an
+    event is replayable for ``ttl`` seconds (default :data:`DEFAULT_TTL`). Events live in
+    this process only: use :class:`StoreEventStore` to share them between replicas.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_events_per_stream: int = DEFAULT_MAX_EVENTS_PER_STREAM,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        ttl: float = DEFAULT_TTL,
+    ) -> None:
+        self._streams = _Streams(
+            _positive_int("max_streams", max_streams),
+            _positive_int("max_events_per_stream", max_events_per_stream),
+            _positive_seconds("ttl", ttl),
+        )
+
+    @property
+    def stream_count(self) -> int:
+        """How many streams are held now (at most ``max_streams``)."""
+        return len(self._streams.by_id)
+
+    async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
+        """Append ``message`` (None: a priming event) to ``stream_id``; return its event id."""
+        now = time.monotonic()
+        stream = self._streams.touch(stream_id, now)
+        seq = stream.next_seq
+        stream.next_seq = seq + 1
+        stream.events.append((seq, now, message))
+        return _event_id(stream.token, seq)
+
+    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+        """Send every later non-priming event of ``last_event_id``'s stream; return the stream id or None."""
+        found = self._events_after(last_event_id)
+        if found is None:
+            return None
+        stream, later = found
+        for seq, message in later:
+            await send_callback(EventMessage(message, _event_id(stream.token, seq)))
+        return stream.stream_id
+
+    def _events_after(self, last_event_id: EventId) -> tuple[_Stream, list[tuple[int, JSONRPCMessage]]] | None:
+        """A snapshot, so that appends during a slow replay cannot disturb it."""
+        parsed = _parse_event_id(last_event_id)
+        stream = None if parsed is None else self._streams.by_token.get(parsed[0])
+        if parsed is None or stream is None or not stream.events:
+            return None
+        offset = parsed[1] - stream.events[0][0]
+        if not 0 <= offset < len(stream.events) or stream.events[offset][1] <= time.monotonic() - self._streams.ttl:
+            return None
+        events = list(stream.events)[offset + 1 :]
+        return stream, [(seq, message) for seq, _, message in events if message is not None]
+
+
+class StoreEventStore(EventStore):
+    """Events in any AsyncKeyValue: one store round trip per append, one per replay.
+
+    Layout in ``collection`` (default :data:`DEFAULT_COLLECTION`): each stream is a ring of
+    ``max_events_per_stream`` entries; event ``seq`` of a stream lives under the key
+    ``"<token>:<seq % max_events_per_stream>"`` as ``{"seq", "stream", "message"}`` (the
+    message as its wire JSON). An append is one ``put`` with the TTL and overwrites the
+    event ``max_events_per_stream`` places older, so trimming costs nothing and a stream
+    never holds more entries than its ring. A replay reads the ring in one ``get_many`` and
+    sends the run of events that follows the given one, checking each entry's sequence
+    number; it stops at a hole (an event lost while the store was failing) rather than skip it.
+
+    Every entry expires ``ttl`` seconds after it was written (default :data:`DEFAULT_TTL`).
+    Each stream's next sequence number lives in the memory of the process that serves its
+    session (bounded by ``max_streams``, least recently used evicted; an evicted stream
+    that goes on continues under a new token). Any process sharing the store can replay.
+
+    Failures never reach the transport: when a store call raises, or takes longer than
+    ``timeout`` seconds, a warning goes to the ``kvstores.events`` logger (once per outage,
+    then debug messages until the store answers again); ``store_event`` still returns an
+    id and replay returns None. ``timeout`` defaults to None, which relies on the store's
+    own timeout (every kvstores backend has one); set it for a store that might hang.
+    """
+
+    def __init__(
+        self,
+        store: AsyncKeyValue,
+        *,
+        collection: str = DEFAULT_COLLECTION,
+        max_events_per_stream: int = DEFAULT_MAX_EVENTS_PER_STREAM,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        ttl: float = DEFAULT_TTL,
+        timeout: float | None = None,
+    ) -> None:
+        self.store = store
+        self.collection = collection
+        self.timeout = None if timeout is None else _positive_seconds("timeout", timeout)
+        self._streams = _Streams(
+            _positive_int("max_streams", max_streams),
+            _positive_int("max_events_per_stream", max_events_per_stream),
+            _positive_seconds("ttl", ttl),
+        )
+        self._failing = False
+
+    async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
+        """Append ``message`` (None: a priming event) to ``stream_id``; return its id, even if the store failed."""
+        stream = self._streams.touch(stream_id, time.monotonic())
+        seq = stream.next_seq
+        stream.next_seq = seq + 1
+        text = None if message is None else message.model_dump_json(by_alias=True, exclude_unset=True)
+        entry = {"seq": seq, "stream": stream_id, "message": text}
+        try:
+            with self._deadline():
+                await self.store.put(
+                    self._key(stream.token, seq), entry, collection=self.collection, ttl=self._streams.ttl
+                )
+        except Exception as exc:
+            self._failed("store an event", exc)
+        else:
+            self._answered()
+        return _event_id(stream.token, seq)
+
+    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+        """Send every later non-priming event of ``last_event_id``'s stream; return the stream id or None."""
+        parsed = _parse_event_id(last_event_id)
+        if parsed is None:
+            return None
+        token, anchor = parsed
+        try:
+            with self._deadline():
+                found = await self._events_after(token, anchor)
+        except Exception as exc:
+            self._failed("replay events", exc)
+            return None
+        self._answered()
+        if found is None:
+            return None
+        stream_id, later = found
+        for seq, message in later:
+            await send_callback(EventMessage(message, _event_id(token, seq)))
+        return stream_id
+
+    async def _events_after(self, token: str, anchor: int) -> tuple[StreamId, list[tuple[int, JSONRPCMessage]]] | None:
+        seqs = range(anchor, anchor + self._streams.max_events)
+        entries = await self.store.get_many([self._key(token, seq) for seq in seqs], collection=self.collection)
+        first = entries[0]
+        if first is None or first.get("seq") != anchor:
+            return None  # unknown, expired, or overwritten by a later event
+        later: list[tuple[int, JSONRPCMessage]] = []
+        for seq, entry in zip(seqs[1:], entries[1:]):
+            if entry is None or entry.get("seq") != seq:
+                break  # the end of the stream, or a hole that must not be skipped
+            if entry["message"] is not None:
+                later.append((seq, _message_adapter.validate_json(entry["message"])))
+        return str(first["stream"]), later
+
+    def _key(self, token: str, seq: int) -> str:
+        return f"{token}:{seq % self._streams.max_events}"
+
+    def _deadline(self) -> AbstractContextManager[object]:
+        return nullcontext() if self.timeout is None else anyio.fail_after(self.timeout)
+
+    def _failed(self, action: str, exc: Exception) -> None:
+        level = logging.DEBUG if self._failing else logging.WARNING
+        self._failing = True
+        logger.log(level, "event store could not %s (%r); streams stay live but cannot resume", action, exc)
+
+    def _answered(self) -> None:
+        if self._failing:
+            self._failing = False
+            logger.info("event store answers again; new events are resumable")

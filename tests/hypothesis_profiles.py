@@ -1,0 +1,31 @@
+"""Hypothesis profiles of the reliability suite: "ci" (the default, bounded) and "long" (opt-in).
+
+The test modules that use hypothesis import this module, which registers both profiles and
+loads "ci" unless another profile was chosen. Hypothesis reads ``--hypothesis-profile`` before
+test modules are imported, so select the long profile by loading this module as a plugin::
+
+    python -m pytest -p tests.hypothesis_profiles --hypothesis-profile=long tests/test_model.py
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=12,
+    stateful_step_count=30,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "long",
+    max_examples=500,
+    stateful_step_count=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+if settings.get_current_profile_name() == "default":
+    settings.load_profile("ci")

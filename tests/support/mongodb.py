@@ -1,0 +1,165 @@
+"""MongoDB for the tests: a real server from KVSTORES_MONGODB_URL, else SecantusDB.
+
+SecantusDB (a MongoDB-wire server, test-only) runs in a subprocess so that a hang in it
+can never block the test process. Each namespace is its own MongoDB collection (the
+store's ``collection`` option) in one database, so a real server needs rights on one
+database only; collections the tests created there are dropped at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import subprocess
+import sys
+import tempfile
+from typing import IO, Any
+
+from kvstores.backends.mongodb import MongoDBStore
+from tests.support import Backend, Unavailable
+
+URL_VARIABLE = "KVSTORES_MONGODB_URL"
+"""Environment variable naming a real MongoDB to test against."""
+
+TEST_DATABASE = "kvstores_tests"
+"""Database the tests use when the URL names none."""
+
+_SERVER_SCRIPT = """
+import signal, sys, threading
+from secantus import SecantusDBServer
+
+server = SecantusDBServer(host="127.0.0.1", port=int(sys.argv[1]), storage_path=sys.argv[2], ttl_sweep_seconds=1)
+server.start()
+print(server.port, flush=True)
+stopping = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+stopping.wait()
+server.stop()
+"""
+
+
+class SecantusServer:
+    """A SecantusDB server in a subprocess on 127.0.0.1 (``port=0``: any free port)."""
+
+    def __init__(self, port: int = 0, storage_path: str = ":memory:", start_timeout: float = 30.0) -> None:
+        self.port = port
+        self.storage_path = storage_path
+        self.start_timeout = start_timeout
+        self._process: subprocess.Popen[str] | None = None
+        self._log: IO[str] | None = None
+
+    @property
+    def url(self) -> str:
+        """``mongodb://127.0.0.1:PORT/``."""
+        return f"mongodb://127.0.0.1:{self.port}/"
+
+    def start(self) -> None:
+        """Start the server (again on the same port after a stop); raise Unavailable if it cannot."""
+        self._log = tempfile.TemporaryFile("w+")  # noqa: SIM115  (closed by stop())
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _SERVER_SCRIPT, str(self.port), self.storage_path],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        assert self._process.stdout is not None
+        ready, _, _ = select.select([self._process.stdout], [], [], self.start_timeout)
+        line = self._process.stdout.readline().strip() if ready else ""
+        if not line.isdigit():
+            self._log.seek(0)
+            reason = self._log.read()[-2000:] or "no output"
+            self.stop()
+            raise Unavailable(f"SecantusDB did not start: {reason}")
+        self.port = int(line)
+
+    def stop(self) -> None:
+        """Stop the server gracefully, so that a storage path on disk stays intact."""
+        process, self._process = self._process, None
+        if process is not None:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class MongoDBBackend(Backend):
+    """MongoDBStore from a URL: it creates and closes its own pymongo AsyncMongoClient."""
+
+    name = "mongodb"
+
+    def start(self) -> None:
+        self.server: SecantusServer | None = None
+        self.created: set[str] = set()
+        url = os.environ.get(URL_VARIABLE)
+        if url is None:
+            self.server = SecantusServer()
+            self.server.start()
+            url = self.server.url
+        self.url = url
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        elif self.created:
+            self._drop_created()
+
+    def _drop_created(self) -> None:
+        from pymongo import MongoClient
+
+        with MongoClient(self.url, serverSelectionTimeoutMS=5000) as client:
+            database = client.get_default_database(TEST_DATABASE)
+            for name in self.created:
+                database.drop_collection(name)
+
+    def options(self, namespace: str, options: dict[str, Any]) -> dict[str, Any]:
+        """Store options isolating ``namespace``; explicit ``options`` win."""
+        self.created.add(namespace)
+        return {"database": self._database(), "collection": namespace, **options}
+
+    def _database(self) -> str:
+        from pymongo.uri_parser import parse_uri
+
+        return str(parse_uri(self.url)["database"] or TEST_DATABASE)
+
+    async def open(self, namespace: str, **options: Any) -> MongoDBStore:
+        return MongoDBStore(self.url, **self.options(namespace, options))
+
+
+class MotorBackend(MongoDBBackend):
+    """MongoDBStore on a motor AsyncIOMotorClient that the tests own (one per event loop)."""
+
+    name = "mongodb-motor"
+
+    def start(self) -> None:
+        try:
+            import motor.motor_asyncio  # noqa: F401
+        except ImportError as exc:
+            raise Unavailable(f"motor is not installed: {exc}") from exc
+        super().start()
+        self.clients: dict[asyncio.AbstractEventLoop, Any] = {}
+
+    def stop(self) -> None:
+        self._close_clients()
+        super().stop()
+
+    def _close_clients(self) -> None:
+        while self.clients:
+            self.clients.popitem()[1].close()
+
+    async def open(self, namespace: str, **options: Any) -> MongoDBStore:
+        from motor.motor_asyncio import AsyncIOMotorClient
+
+        loop = asyncio.get_running_loop()
+        if loop not in self.clients:
+            # a motor client is bound to one event loop: the clients of earlier (finished) loops go
+            self._close_clients()
+            self.clients[loop] = AsyncIOMotorClient(self.url, serverSelectionTimeoutMS=5000)
+        return MongoDBStore(self.clients[loop], **self.options(namespace, options))

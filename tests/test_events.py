@@ -1,0 +1,216 @@
+"""The event stores: the conformance suite for both, then limits, costs and faults.
+
+StoreEventStore runs over every backend of the table (the ``store`` fixture).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from mcp.server.streamable_http import EventStore
+
+from kvstores.conformance.events import EventStoreConformance, notification, replay
+from kvstores.events import (
+    DEFAULT_COLLECTION,
+    DEFAULT_MAX_STREAMS,
+    InMemoryEventStore,
+    StoreEventStore,
+)
+from tests.events_support import FlakyStore
+
+pytestmark = pytest.mark.anyio
+
+
+async def assert_forgotten(events: EventStore, event_id: str) -> None:
+    """Replaying after ``event_id`` finds no stream and sends nothing."""
+    stream_id, sent = await replay(events, event_id)
+    assert (stream_id, sent.events) == (None, [])
+
+
+class TestInMemoryConformance(EventStoreConformance):
+    """InMemoryEventStore passes the suite, limits included."""
+
+    max_events_per_stream = 10
+    max_streams = 10
+    ttl = 0.5
+
+    @pytest.fixture
+    async def event_store(self) -> AsyncIterator[EventStore]:
+        yield InMemoryEventStore(max_events_per_stream=10, max_streams=10, ttl=0.5)
+
+
+class TestStoreEventStoreConformance(EventStoreConformance):
+    """StoreEventStore passes the suite over each backend."""
+
+    max_events_per_stream = 10
+    max_streams = 10
+
+    @pytest.fixture
+    async def event_store(self, store: Any) -> AsyncIterator[EventStore]:
+        yield StoreEventStore(store, max_events_per_stream=10, max_streams=10)
+
+
+# -- InMemoryEventStore --------------------------------------------------------------
+
+
+async def test_memory_stays_bounded_with_100000_streams() -> None:
+    events = InMemoryEventStore()
+    first = await events.store_event("s0", None)
+    for i in range(100_000):
+        last = await events.store_event(f"s{i}", notification(i))
+    assert events.stream_count == DEFAULT_MAX_STREAMS
+    await assert_forgotten(events, first)
+    stream_id, _ = await replay(events, last)
+    assert stream_id == "s99999"
+
+
+async def test_memory_evicts_the_least_recently_used_stream() -> None:
+    events = InMemoryEventStore(max_streams=3)
+    starts = {name: await events.store_event(name, None) for name in ("a", "b", "c")}
+    await events.store_event("a", notification(1))
+    await events.store_event("d", None)
+    assert events.stream_count == 3
+    await assert_forgotten(events, starts["b"])
+    for name in ("a", "c"):
+        assert (await replay(events, starts[name]))[0] == name
+
+
+async def test_memory_forgets_idle_streams() -> None:
+    events = InMemoryEventStore(ttl=0.1)
+    start = await events.store_event("idle", None)
+    await asyncio.sleep(0.2)
+    await events.store_event("busy", None)
+    assert events.stream_count == 1
+    await assert_forgotten(events, start)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_events_per_stream": 0},
+        {"max_events_per_stream": True},
+        {"max_events_per_stream": 1.5},
+        {"max_streams": 0},
+        {"ttl": 0},
+        {"ttl": -1},
+        {"ttl": math.inf},
+        {"ttl": math.nan},
+        {"ttl": "60"},
+    ],
+)
+def test_invalid_limits_rejected(options: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        InMemoryEventStore(**options)
+    with pytest.raises(ValueError):
+        StoreEventStore(FlakyStore(None), **options)
+
+
+def test_invalid_timeout_rejected() -> None:
+    with pytest.raises(ValueError):
+        StoreEventStore(FlakyStore(None), timeout=0)
+
+
+# -- StoreEventStore: cost and layout ------------------------------------------------
+
+
+async def test_store_append_and_replay_are_one_round_trip_each(store: Any) -> None:
+    counted = FlakyStore(store)
+    events = StoreEventStore(counted)
+    first = await events.store_event("s", None)
+    assert counted.calls == {"put": 1}
+    for i in range(60):
+        await events.store_event("s", notification(i))
+    counted.calls.clear()
+    stream_id, sent = await replay(events, first)
+    assert (stream_id, len(sent.events)) == ("s", 60)
+    assert counted.calls == {"get_many": 1}
+
+
+async def test_store_keeps_a_bounded_ring_per_stream(store: Any) -> None:
+    events = StoreEventStore(store, max_events_per_stream=5)
+    ids = [await events.store_event("s", notification(i)) for i in range(23)]
+    assert len(await store.keys(collection=DEFAULT_COLLECTION)) == 5
+    stream_id, sent = await replay(events, ids[-5])
+    assert (stream_id, sent.ids) == ("s", ids[-4:])
+
+
+async def test_store_events_expire(store: Any) -> None:
+    events = StoreEventStore(store, ttl=0.3)
+    start = await events.store_event("s", None)
+    await events.store_event("s", notification(1))
+    await asyncio.sleep(0.5)
+    await assert_forgotten(events, start)
+
+
+async def test_store_replays_in_another_process(store: Any, peer_store: Any) -> None:
+    writer, reader = StoreEventStore(store), StoreEventStore(peer_store)
+    start = await writer.store_event("s", None)
+    ids = [await writer.store_event("s", notification(i)) for i in range(3)]
+    stream_id, sent = await replay(reader, start)
+    assert (stream_id, sent.ids) == ("s", ids)
+
+
+async def test_store_stream_evicted_from_memory_goes_on_under_a_new_token(store: Any) -> None:
+    events = StoreEventStore(store, max_streams=1)
+    old = [await events.store_event("a", notification(i)) for i in range(3)]
+    await events.store_event("b", None)
+    new = [await events.store_event("a", notification(i)) for i in range(3, 5)]
+    assert old[0].split("-")[0] != new[0].split("-")[0]
+    assert (await replay(events, old[0]))[1].ids == old[1:]
+    assert (await replay(events, new[0]))[1].ids == new[1:]
+
+
+# -- StoreEventStore: faults ---------------------------------------------------------
+
+
+async def test_store_event_never_raises_when_the_backend_is_down(store: Any, caplog: pytest.LogCaptureFixture) -> None:
+    flaky = FlakyStore(store)
+    events = StoreEventStore(flaky)
+    start = await events.store_event("s", None)
+    flaky.down = True
+    with caplog.at_level(logging.DEBUG, logger="kvstores.events"):
+        lost = [await events.store_event("s", notification(i)) for i in range(3)]
+        await assert_forgotten(events, start)
+    warnings = [r for r in caplog.records if r.name == "kvstores.events" and r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "StoreConnectionError" in warnings[0].getMessage()
+    assert len(set(lost)) == 3
+    flaky.down = False
+    after = [await events.store_event("s", notification(i)) for i in range(3, 5)]
+    assert (await replay(events, start))[1].ids == []  # the outage left a gap: never skip over it
+    assert (await replay(events, after[0]))[1].ids == after[1:]
+
+
+async def test_store_event_gives_up_on_a_hung_backend(store: Any) -> None:
+    flaky = FlakyStore(store)
+    events = StoreEventStore(flaky, timeout=0.1)
+    start = await events.store_event("s", None)
+    flaky.hang = True
+    began = time.monotonic()
+    await events.store_event("s", notification(1))
+    await assert_forgotten(events, start)
+    assert time.monotonic() - began < 2
+
+
+async def test_store_replay_of_corrupt_data_returns_none(store: Any, caplog: pytest.LogCaptureFixture) -> None:
+    events = StoreEventStore(store)
+    start = await events.store_event("s", None)
+    await events.store_event("s", notification(1))
+    token = start.split("-")[0]
+    corrupt = {"seq": 1, "stream": "s", "message": '{"not": "a JSON-RPC message"}'}
+    await store.put(f"{token}:1", corrupt, collection=DEFAULT_COLLECTION)
+    with caplog.at_level(logging.WARNING, logger="kvstores.events"):
+        await assert_forgotten(events, start)
+    assert any(r.name == "kvstores.events" for r in caplog.records)
+
+
+async def test_store_event_survives_a_closed_store(store: Any) -> None:
+    events = StoreEventStore(store)
+    await store.aclose()
+    event_id = await events.store_event("s", notification(1))
+    await assert_forgotten(events, event_id)

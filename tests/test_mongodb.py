@@ -1,0 +1,246 @@
+"""MongoDB-specific tests: storage layout, fidelity, TTL fields, client ownership, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from pymongo import AsyncMongoClient
+from pymongo.errors import PyMongoError
+
+from kvstores import MAX_VALUE_BYTES, DeserializationError, StoreConnectionError, ValueTooLargeError, open_store
+from kvstores.backends.mongodb import MongoDBStore
+from tests.support import Unavailable, is_required
+from tests.support.mongodb import MongoDBBackend, SecantusServer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.mongodb]
+
+both_clients = pytest.mark.parametrize("backend", ["mongodb", "mongodb-motor"], indirect=True)
+"""Run a test with a store that creates its pymongo client, and with a motor client."""
+
+
+@pytest.fixture
+async def raw(backend: MongoDBBackend, store: MongoDBStore) -> AsyncIterator[Any]:
+    """The store's MongoDB collection, through a separate pymongo client."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(backend.url, tz_aware=True)
+    yield client[store.database][store.mongo_collection]
+    await client.close()
+
+
+@both_clients
+async def test_fidelity(store: MongoDBStore) -> None:
+    deep: Any = {"leaf": True}
+    for _ in range(200):
+        deep = {"d": [deep]}
+    value = {
+        "big": 2**64 + 1,
+        "huge": -(10**100),
+        "$set": {"$in": [1]},
+        "a.b": {"": "empty key", ".": "."},
+        "nul": "a\x00b",
+        "deep": deep,
+    }
+    await store.put("k\x00.$", value)
+    assert await store.get("k\x00.$") == value
+    assert await store.get_many(["k\x00.$"]) == [value]
+
+
+@both_clients
+async def test_one_document_per_pair(store: MongoDBStore, raw: Any) -> None:
+    await store.put("k", {"v": 1})
+    await store.put("k", {"v": 2}, collection="c")
+    await store.put_many(["k", "j"], [{"v": 3}, {"v": 4}])
+    documents = await raw.find({}, {"_id": 1}).to_list(None)
+    assert sorted((d["_id"]["c"], d["_id"]["k"]) for d in documents) == [("c", "k"), ("default", "j"), ("default", "k")]
+    assert all(list(d["_id"]) == ["c", "k"] for d in documents)
+
+
+@both_clients
+async def test_concurrent_first_writes_never_duplicate(
+    backend: MongoDBBackend, namespace: str, store: MongoDBStore, raw: Any
+) -> None:
+    peers = [await backend.open(namespace) for _ in range(3)]
+    try:
+        writers = [peer for peer in [store, *peers] for _ in range(10)]
+        for round_ in range(5):
+            key = f"first-{round_}"
+            await asyncio.gather(*(writer.put(key, {"w": i}) for i, writer in enumerate(writers)))
+            await asyncio.gather(
+                *(writer.put_many([key, f"{key}-b"], [{"w": i}, {"w": i}]) for i, writer in enumerate(writers))
+            )
+            assert await raw.count_documents({"_id": {"c": "default", "k": key}}) == 1
+            assert (await store.get(key))["w"] in range(len(writers))
+    finally:
+        for peer in peers:
+            await peer.aclose()
+
+
+@both_clients
+async def test_ttl_index_and_expiry_field(store: MongoDBStore, raw: Any) -> None:
+    await store.put("k", {"v": 1}, ttl=60)
+    indexes = await raw.index_information()
+    assert [spec.get("expireAfterSeconds") for spec in indexes.values() if spec["key"] == [("e", 1)]] == [0]
+    assert (await raw.find_one({"_id": {"c": "default", "k": "k"}}))["e"] is not None
+    await store.put("k", {"v": 2})
+    assert "e" not in await raw.find_one({"_id": {"c": "default", "k": "k"}})
+    await store.put_many(["k"], [{"v": 3}], ttl=60)
+    await store.put_many(["k"], [{"v": 4}])
+    assert "e" not in await raw.find_one({"_id": {"c": "default", "k": "k"}})
+
+
+@both_clients
+async def test_ttl_to_the_millisecond(store: MongoDBStore, raw: Any) -> None:
+    before = time.time()
+    await store.put("k", {"v": 1}, ttl=1.2345)
+    after = time.time()
+    expiry = (await raw.find_one({"_id": {"c": "default", "k": "k"}}))["e"].timestamp()
+    assert before + 1.2345 - 0.002 <= expiry <= after + 1.2345 + 0.002
+    _, remaining = await store.ttl("k")
+    assert remaining is not None
+    assert expiry - time.time() - 0.002 <= remaining <= 1.2345
+
+
+@both_clients
+async def test_expired_entry_is_reclaimed(store: MongoDBStore, raw: Any) -> None:
+    await store.put("gone", {"v": 1}, ttl=0.05)
+    await store.put("stays", {"v": 1})
+    await anyio.sleep(0.1)
+    await store.cull()
+    assert [d["_id"]["k"] for d in await raw.find({}).to_list(None)] == ["stays"]
+
+
+@both_clients
+async def test_destroy_keeps_other_collections_of_the_database(store: MongoDBStore, raw: Any) -> None:
+    neighbour = raw.database["not_kvstores"]
+    await neighbour.insert_one({"_id": 1})
+    await store.put("k", {"v": 1})
+    assert await store.destroy() is True
+    assert await raw.count_documents({}) == 0
+    assert await neighbour.count_documents({}) == 1
+    await neighbour.drop()
+
+
+@both_clients
+async def test_stored_document_without_text_is_a_deserialization_error(store: MongoDBStore, raw: Any) -> None:
+    await raw.insert_one({"_id": {"c": "default", "k": "alien"}, "v": {"not": "text"}})
+    with pytest.raises(DeserializationError):
+        await store.get("alien")
+
+
+@pytest.mark.parametrize("backend", ["mongodb"], indirect=True)
+async def test_user_client_is_not_closed(backend: MongoDBBackend) -> None:
+    from motor.motor_asyncio import AsyncIOMotorClient
+
+    pymongo_client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(backend.url)
+    motor_client = AsyncIOMotorClient(backend.url)
+    try:
+        for client in (pymongo_client, motor_client):
+            async with MongoDBStore(client, database="kvstores_tests", collection="owned") as store:
+                await store.put("k", {"v": 1})
+                await store.destroy()
+            assert (await client.admin.command("ping"))["ok"] == 1
+    finally:
+        await pymongo_client.close()
+        motor_client.close()
+
+
+async def test_value_too_large_before_any_round_trip() -> None:
+    store = MongoDBStore("mongodb://127.0.0.1:9/", timeout=30)  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(ValueTooLargeError):
+        await store.put("k", {"v": "x" * MAX_VALUE_BYTES})
+    with pytest.raises(ValueTooLargeError):
+        await store.put_many(["a", "b"], [{"v": 1}, {"v": "x" * MAX_VALUE_BYTES}])
+    assert time.monotonic() - started < 5
+    await store.aclose()
+
+
+def test_options_from_url() -> None:
+    store = open_store("mongodb://127.0.0.1:9/mydb?appname=x", collection="entries")
+    assert isinstance(store, MongoDBStore)
+    assert (store.database, store.mongo_collection) == ("mydb", "entries")
+    assert MongoDBStore("mongodb://127.0.0.1:9", database="other").database == "other"
+    assert MongoDBStore("mongodb://127.0.0.1:9").database == "kvstores"
+
+
+def test_sync_client_rejected() -> None:
+    from pymongo import MongoClient
+
+    with MongoClient("mongodb://127.0.0.1:9", connect=False) as client, pytest.raises(TypeError):
+        MongoDBStore(client)
+
+
+# -- faults --------------------------------------------------------------------------------
+
+TIMEOUT = 1.0
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Any:
+    """Our own SecantusDB on disk (data survives a restart), stopped afterwards."""
+    server = SecantusServer(storage_path=str(tmp_path / "data"))
+    try:
+        server.start()
+    except Unavailable as exc:
+        if is_required("mongodb"):
+            pytest.fail(f"{exc} (required by KVSTORES_REQUIRE)")
+        pytest.skip(str(exc))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["pymongo", "motor"])
+async def fault_store(request: pytest.FixtureRequest, server: SecantusServer) -> AsyncIterator[MongoDBStore]:
+    """A store on ``server`` whose operations time out after TIMEOUT seconds."""
+    if request.param == "pymongo":
+        store = MongoDBStore(server.url, database="fault", timeout=TIMEOUT)
+        yield store
+        await store.aclose()
+        return
+    from motor.motor_asyncio import AsyncIOMotorClient
+
+    ms = int(TIMEOUT * 1000)
+    client = AsyncIOMotorClient(server.url, serverSelectionTimeoutMS=ms, connectTimeoutMS=ms, socketTimeoutMS=ms)
+    yield MongoDBStore(client, database="fault")
+    client.close()
+
+
+async def test_outage_raises_connection_error_then_store_recovers(
+    server: SecantusServer, fault_store: MongoDBStore
+) -> None:
+    store = fault_store
+    keys = [f"k{i}" for i in range(100)]
+    await store.put_many(keys, [{"i": i} for i in range(100)])
+    await asyncio.gather(*(store.get(key) for key in keys[:20]))
+
+    await anyio.to_thread.run_sync(server.stop)
+    operations: list[Callable[[], Awaitable[Any]]] = [
+        lambda: store.get("k1"),
+        lambda: store.put("k1", {"i": -1}),
+        lambda: store.get_many(keys),
+        lambda: store.keys(),
+    ]
+    for operation in operations:
+        started = time.monotonic()
+        with pytest.raises(StoreConnectionError) as caught:
+            await operation()
+        assert time.monotonic() - started < TIMEOUT + 3
+        assert isinstance(caught.value.__cause__, PyMongoError)
+
+    await anyio.to_thread.run_sync(server.start)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            value = await store.get("k2")
+            break
+        except StoreConnectionError:
+            if time.monotonic() > deadline:
+                raise
+    assert value == {"i": 2}
+    await store.put("k1", {"i": 1})
+    assert await store.get_many(keys[:2]) == [{"i": 0}, {"i": 1}]
