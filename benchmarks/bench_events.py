@@ -170,9 +170,8 @@ def summarize(table: dict[str, dict[str, Factory]], samples: dict[Any, Any]) -> 
 
 def print_tables(summary: dict[str, Any]) -> None:
     """Markdown tables of the medians."""
-    print(
-        "\n| backend | append kvstores (us) | append fastmcp (us) | x | replay kvstores (us) | replay fastmcp (us) | x |"
-    )
+    columns = ["append kvstores", "append fastmcp", "x", "replay kvstores", "replay fastmcp", "x"]
+    print("\n| backend | " + " | ".join(columns) + " |  (microseconds)")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for backend, row in summary.items():
         a, r = row["append"], row["replay"]
@@ -221,10 +220,15 @@ async def run(rounds: int, output: Path) -> None:
         },
         "results": summary,
     }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(document, indent=2) + "\n")
+    write(output, document)
     print_tables(summary)
     print(f"\nwrote {output}")
+
+
+def write(output: Path, document: dict[str, Any]) -> None:
+    """Write the results as JSON, creating the folder if needed."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(document, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

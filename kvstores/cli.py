@@ -17,7 +17,7 @@ from typing import Any
 
 __all__ = ["main"]
 
-SUITES = {"kv": "TestKV"}
+SUITES = {"kv": "TestKV", "events": "TestEvents"}
 """Suite name -> test class in kvstores.conformance._check."""
 
 
@@ -55,10 +55,12 @@ def check(target: str, suite: str, verbose: bool = False) -> int:
     """Run ``suite`` against ``target``; print the summary; return the exit code."""
     import pytest
 
-    from kvstores.conformance import _check
     from kvstores.conformance.targets import TARGET_VARIABLE
 
-    os.environ[TARGET_VARIABLE] = target
+    os.environ[TARGET_VARIABLE] = target  # before _check is imported: its classes read it
+    if suite == "events":
+        import kvstores.conformance.events  # noqa: F401  # fail early, naming the extra to install
+    from kvstores.conformance import _check
     summary = _Summary()
     args = [
         f"{Path(_check.__file__)}::{SUITES[suite]}",

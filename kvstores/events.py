@@ -24,9 +24,9 @@ Guarantees, the same for both:
   never scans other streams.
 - Limits, each a constructor argument: ``max_events_per_stream`` (default
   :data:`DEFAULT_MAX_EVENTS_PER_STREAM`; older events are dropped), ``max_streams`` (default
-  :data:`DEFAULT_MAX_STREAMS`; the least recently used stream is forgotten first) and ``ttl``
-  (default :data:`DEFAULT_TTL` seconds: an event is replayable for that long after it was
-  stored, and a stream without events for that long is forgotten).
+  :data:`DEFAULT_MAX_STREAMS` streams held in process memory, the least recently used
+  evicted first) and ``ttl`` (default :data:`DEFAULT_TTL` seconds: an event is replayable for
+  that long after it was stored, and a stream without events for that long is forgotten).
 - ``store_event`` never raises: the transport routes every message of a session through it,
   and an exception there would kill the session. A backend failure is logged as a warning
   on the ``kvstores.events`` logger and the message is still delivered live, only without
@@ -34,9 +34,10 @@ Guarantees, the same for both:
 
 A stream is whatever stream id the transport passes. FastMCP makes them unique per session
 (it wraps the store in its ``SessionScopedEventStore``, which also refuses another session's
-ids). The plain SDK ``StreamableHTTPSessionManager`` passes the bare request id (or
-``_GET_stream``), and request ids start over in every session: there, concurrent sessions
-that reuse a request id share that stream, as with the SDK's own example store.
+ids). The plain SDK ``StreamableHTTPSessionManager`` hands one event store to every session
+and passes the bare request id (or ``_GET_stream``), and request ids start over in every
+session: there, sessions in flight at once that reuse a request id share that stream, as
+with the SDK's own example store. Wrap the store per session to isolate them.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from contextlib import AbstractContextManager, nullcontext
+from typing import get_args
 
 import anyio
 
@@ -57,7 +59,6 @@ from kvstores.protocol import AsyncKeyValue
 try:
     from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
     from mcp.types import JSONRPCMessage
-    from pydantic import TypeAdapter
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("mcp", "mcp") from exc
 
@@ -85,7 +86,8 @@ DEFAULT_COLLECTION = "kvstores_events"
 logger = logging.getLogger("kvstores.events")
 
 _EVENT_ID = re.compile(r"([0-9a-f]{32})-(0|[1-9][0-9]{0,17})\Z")
-_message_adapter: TypeAdapter[JSONRPCMessage] = TypeAdapter(JSONRPCMessage)
+_MESSAGE_TYPES: dict[str, type[JSONRPCMessage]] = {kind.__name__: kind for kind in get_args(JSONRPCMessage)}
+"""Stored next to each message, so replay validates against one model instead of the union."""
 
 
 def _event_id(token: str, seq: int) -> EventId:
@@ -216,12 +218,13 @@ class StoreEventStore(EventStore):
 
     Layout in ``collection`` (default :data:`DEFAULT_COLLECTION`): each stream is a ring of
     ``max_events_per_stream`` entries; event ``seq`` of a stream lives under the key
-    ``"<token>:<seq % max_events_per_stream>"`` as ``{"seq", "stream", "message"}`` (the
-    message as its wire JSON). An append is one ``put`` with the TTL and overwrites the
-    event ``max_events_per_stream`` places older, so trimming costs nothing and a stream
-    never holds more entries than its ring. A replay reads the ring in one ``get_many`` and
-    sends the run of events that follows the given one, checking each entry's sequence
-    number; it stops at a hole (an event lost while the store was failing) rather than skip it.
+    ``"<token>:<seq % max_events_per_stream>"`` as ``{"seq", "stream", "kind", "message"}``
+    (the message as its wire JSON, ``kind`` its JSON-RPC class). An append is one ``put``
+    with the TTL and overwrites the event ``max_events_per_stream`` places older, so
+    trimming costs nothing and a stream never holds more entries than its ring. A replay
+    reads the ring in one ``get_many`` and sends the run of events that follows the given
+    one, checking each entry's sequence number; it stops at a hole (an event lost while the
+    store was failing) rather than skip it.
 
     Every entry expires ``ttl`` seconds after it was written (default :data:`DEFAULT_TTL`).
     Each stream's next sequence number lives in the memory of the process that serves its
@@ -260,8 +263,11 @@ class StoreEventStore(EventStore):
         stream = self._streams.touch(stream_id, time.monotonic())
         seq = stream.next_seq
         stream.next_seq = seq + 1
-        text = None if message is None else message.model_dump_json(by_alias=True, exclude_unset=True)
-        entry = {"seq": seq, "stream": stream_id, "message": text}
+        entry = {"seq": seq, "stream": stream_id, "message": None}
+        if message is not None:
+            entry.update(
+                kind=type(message).__name__, message=message.model_dump_json(by_alias=True, exclude_unset=True)
+            )
         try:
             with self._deadline():
                 await self.store.put(
@@ -304,7 +310,7 @@ class StoreEventStore(EventStore):
             if entry is None or entry.get("seq") != seq:
                 break  # the end of the stream, or a hole that must not be skipped
             if entry["message"] is not None:
-                later.append((seq, _message_adapter.validate_json(entry["message"])))
+                later.append((seq, _MESSAGE_TYPES[entry["kind"]].model_validate_json(entry["message"])))
         return str(first["stream"]), later
 
     def _key(self, token: str, seq: int) -> str:

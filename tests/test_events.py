@@ -202,7 +202,7 @@ async def test_store_replay_of_corrupt_data_returns_none(store: Any, caplog: pyt
     start = await events.store_event("s", None)
     await events.store_event("s", notification(1))
     token = start.split("-")[0]
-    corrupt = {"seq": 1, "stream": "s", "message": '{"not": "a JSON-RPC message"}'}
+    corrupt = {"seq": 1, "stream": "s", "kind": "JSONRPCNotification", "message": '{"not": "a message"}'}
     await store.put(f"{token}:1", corrupt, collection=DEFAULT_COLLECTION)
     with caplog.at_level(logging.WARNING, logger="kvstores.events"):
         await assert_forgotten(events, start)

@@ -105,8 +105,15 @@ class MemoryStore(BaseStore):
 
     async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
         now = monotonic()
-        entries = [self._live(collection, key, now) for key in keys]
-        return [None if entry is None else entry[0] for entry in entries]
+        cache = self._cache
+        texts: list[str | None] = []
+        for key in keys:
+            entry = cache.get((collection, key))
+            if entry is not None and entry[1] is not None and entry[1] <= now:
+                del cache[collection, key]
+                entry = None
+            texts.append(None if entry is None else entry[0])
+        return texts
 
     async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[str | None, float | None]]:
         now = monotonic()

@@ -12,8 +12,10 @@ that runs with a write at most every ``sweep_interval`` seconds (default 60) and
 
 The file is opened lazily in WAL mode with a ``busy_timeout``; every write runs in a
 ``BEGIN IMMEDIATE`` transaction, so several processes may share one file; a lock that
-is not granted within ``timeout`` seconds (default 5) raises StoreConnectionError. Bulk
-calls are one transaction, chunked under SQLite's parameter limit.
+is not granted within ``timeout`` seconds (default 5) raises StoreConnectionError. Each
+call is one hop to aiosqlite's connection thread: the whole transaction runs there, so
+calls never interleave and a bulk call is one transaction, chunked under SQLite's
+parameter limit.
 
 URLs: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``, ``sqlite://:memory:``
 (private to one store object), with query options such as ``?timeout=2``.
@@ -26,10 +28,11 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from kvstores._optional import missing_extra
@@ -46,6 +49,9 @@ __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 SCHEMA_VERSION = 1
 """The schema version this code reads and writes."""
 
+T = TypeVar("T")
+Work = Callable[[sqlite3.Connection], T]
+
 _CHUNK = 500  # keys per IN (...) list: far below any SQLite parameter limit
 _LIVE = "(expires_at IS NULL OR expires_at > ?)"
 _SCHEMA = (
@@ -56,6 +62,8 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS kvstores_entries_expiry ON kvstores_entries (expires_at) WHERE expires_at IS NOT NULL",
 )
 _UPSERT = "INSERT OR REPLACE INTO kvstores_entries (collection, key, value, expires_at) VALUES (?, ?, ?, ?)"
+_SELECT_ONE = f"SELECT value FROM kvstores_entries WHERE collection = ? AND key = ? AND {_LIVE}"
+_SWEEP = "DELETE FROM kvstores_entries WHERE expires_at <= ?"
 
 
 def _chunks(keys: Sequence[str]) -> Iterator[Sequence[str]]:
@@ -63,8 +71,14 @@ def _chunks(keys: Sequence[str]) -> Iterator[Sequence[str]]:
         yield keys[start : start + _CHUNK]
 
 
-def _marks(count: int) -> str:
-    return ",".join("?" * count)
+def _in_list(count: int) -> str:
+    return f"IN ({','.join('?' * count)})"
+
+
+async def _on_thread(db: aiosqlite.Connection, work: Work[T]) -> T:
+    """Run ``work`` on ``db``'s thread in one hop, through aiosqlite's own (long-stable) queue."""
+    result: T = await db._execute(work, db._conn)  # type: ignore[no-untyped-call]
+    return result
 
 
 @contextmanager
@@ -77,6 +91,68 @@ def _translated() -> Iterator[None]:
     except (sqlite3.Error, ValueError) as exc:
         # aiosqlite raises ValueError when its connection died underneath it
         raise KVStoreError(f"SQLite: {exc}") from exc
+
+
+# -- work run on the connection's thread ---------------------------------------------
+
+
+def _create_schema(conn: sqlite3.Connection) -> int:
+    for statement in _SCHEMA:
+        conn.execute(statement)
+    return int(conn.execute("SELECT value FROM kvstores_meta WHERE name = 'schema_version'").fetchone()[0])
+
+
+def _setup(timeout: float, wal: bool, conn: sqlite3.Connection) -> int:
+    conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+    if wal:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+    return _transaction(_create_schema, None, conn)
+
+
+def _transaction(work: Work[T], sweep_before: float | None, conn: sqlite3.Connection) -> T:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = work(conn)
+        if sweep_before is not None:
+            conn.execute(_SWEEP, (sweep_before,))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return result
+
+
+def _select_live(collection: str, keys: Sequence[str], conn: sqlite3.Connection) -> dict[str, tuple[str, float | None]]:
+    now = time.time()
+    found: dict[str, tuple[str, float | None]] = {}
+    for chunk in _chunks(keys):
+        rows = conn.execute(
+            f"SELECT key, value, expires_at FROM kvstores_entries"
+            f" WHERE collection = ? AND key {_in_list(len(chunk))} AND {_LIVE}",
+            (collection, *chunk, now),
+        )
+        for key, value, expires_at in rows:
+            found[key] = (value, None if expires_at is None else expires_at - now)
+    return found
+
+
+def _delete_live(collection: str, keys: Sequence[str], conn: sqlite3.Connection) -> int:
+    now = time.time()
+    return sum(
+        conn.execute(
+            f"DELETE FROM kvstores_entries WHERE collection = ? AND key {_in_list(len(chunk))} AND {_LIVE}",
+            (collection, *chunk, now),
+        ).rowcount
+        for chunk in _chunks(keys)
+    )
+
+
+def _delete_where(where: str, parameters: tuple[str, ...], conn: sqlite3.Connection) -> bool:
+    live = conn.execute(f"DELETE FROM kvstores_entries WHERE {where} AND {_LIVE}", (*parameters, time.time()))
+    conn.execute(f"DELETE FROM kvstores_entries WHERE {where}", parameters)
+    return live.rowcount > 0
 
 
 class SQLiteStore(BaseStore):
@@ -96,7 +172,7 @@ class SQLiteStore(BaseStore):
         self._sweep_interval = sweep_interval
         self._next_sweep = 0.0
         self._db: aiosqlite.Connection | None = None
-        self._lock = asyncio.Lock()
+        self._opening = asyncio.Lock()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteStore:
@@ -111,58 +187,40 @@ class SQLiteStore(BaseStore):
         query: dict[str, Any] = {name: float(value) for name, value in parse_qsl(parts.query)}
         return cls(path, **{**query, **options})
 
-    # -- connection ------------------------------------------------------------------
+    # -- running work on the connection's thread -----------------------------------
 
     async def _open(self) -> aiosqlite.Connection:
         db = await aiosqlite.connect(self.path, timeout=self._timeout, isolation_level=None)
         try:
-            await db.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
-            if self.path != ":memory:":
-                await db.execute("PRAGMA journal_mode = WAL")
-                await db.execute("PRAGMA synchronous = NORMAL")
-            await db.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in _SCHEMA:
-                    await db.execute(statement)
-                rows = await db.execute_fetchall("SELECT value FROM kvstores_meta WHERE name = 'schema_version'")
-                await db.execute("COMMIT")
-            except BaseException:
-                await db.execute("ROLLBACK")
-                raise
+            version = await _on_thread(db, partial(_setup, self._timeout, self.path != ":memory:"))
+            if version != SCHEMA_VERSION:
+                raise KVStoreError(f"{self.path}: schema version {version}; this kvstores reads {SCHEMA_VERSION}")
         except BaseException:
             await db.close()
             raise
-        version = int(next(iter(rows))[0])
-        if version != SCHEMA_VERSION:
-            await db.close()
-            raise KVStoreError(f"{self.path}: schema version {version}; this kvstores reads {SCHEMA_VERSION}")
         return db
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[aiosqlite.Connection]:
-        async with self._lock:
-            with _translated():
-                if self._db is None:
-                    self._db = await self._open()
-                yield self._db
+    async def _run(self, work: Work[T]) -> T:
+        """Run ``work`` on the connection's thread in one hop (aiosqlite runs one at a time)."""
+        with _translated():
+            db = self._db
+            if db is None:
+                async with self._opening:
+                    if self._db is None:
+                        self._db = await self._open()
+                    db = self._db
+            return await _on_thread(db, work)
 
-    @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        async with self._connection() as db:
-            await db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-                now = time.time()
-                if now >= self._next_sweep:
-                    await db.execute("DELETE FROM kvstores_entries WHERE expires_at <= ?", (now,))
-                    self._next_sweep = now + self._sweep_interval
-                await db.execute("COMMIT")
-            except BaseException:
-                await db.execute("ROLLBACK")
-                raise
+    async def _write(self, work: Work[T]) -> T:
+        """Run ``work`` in a BEGIN IMMEDIATE transaction, sweeping expired rows when due."""
+        now = time.time()
+        sweep_before = None
+        if now >= self._next_sweep:
+            sweep_before, self._next_sweep = now, now + self._sweep_interval
+        return await self._run(partial(_transaction, work, sweep_before))
 
     async def _close(self) -> None:
-        async with self._lock:
+        async with self._opening:
             if self._db is not None:
                 db, self._db = self._db, None
                 with _translated():
@@ -171,86 +229,47 @@ class SQLiteStore(BaseStore):
     # -- primitives ------------------------------------------------------------------
 
     async def _get(self, collection: str, key: str) -> str | None:
-        async with self._connection() as db:
-            rows = await db.execute_fetchall(
-                f"SELECT value FROM kvstores_entries WHERE collection = ? AND key = ? AND {_LIVE}",
-                (collection, key, time.time()),
-            )
-        for (value,) in rows:
-            return str(value)
-        return None
-
-    async def _rows(self, collection: str, keys: Sequence[str]) -> dict[str, tuple[str, float | None]]:
-        found: dict[str, tuple[str, float | None]] = {}
-        async with self._connection() as db:
-            now = time.time()
-            for chunk in _chunks(keys):
-                rows = await db.execute_fetchall(
-                    f"SELECT key, value, expires_at FROM kvstores_entries"
-                    f" WHERE collection = ? AND key IN ({_marks(len(chunk))}) AND {_LIVE}",
-                    (collection, *chunk, now),
-                )
-                for key, value, expires_at in rows:
-                    found[key] = (value, None if expires_at is None else expires_at - now)
-        return found
+        row = await self._run(lambda conn: conn.execute(_SELECT_ONE, (collection, key, time.time())).fetchone())
+        return None if row is None else str(row[0])
 
     async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
-        found = await self._rows(collection, keys)
+        found = await self._run(partial(_select_live, collection, keys))
         return [found[key][0] if key in found else None for key in keys]
 
     async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[str | None, float | None]]:
-        found = await self._rows(collection, keys)
+        found = await self._run(partial(_select_live, collection, keys))
         return [found.get(key, (None, None)) for key in keys]
+
+    async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
+        row = (collection, key, text, None if ttl is None else time.time() + ttl)
+        await self._write(lambda conn: conn.execute(_UPSERT, row))
 
     async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
         expires_at = None if ttl is None else time.time() + ttl
-        async with self._transaction() as db:
-            await db.executemany(_UPSERT, [(collection, key, text, expires_at) for key, text in zip(keys, texts)])
+        rows = [(collection, key, text, expires_at) for key, text in zip(keys, texts)]
+        await self._write(lambda conn: conn.executemany(_UPSERT, rows))
 
     async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
-        deleted = 0
-        async with self._transaction() as db:
-            now = time.time()
-            for chunk in _chunks(keys):
-                cursor = await db.execute(
-                    f"DELETE FROM kvstores_entries WHERE collection = ? AND key IN ({_marks(len(chunk))}) AND {_LIVE}",
-                    (collection, *chunk, now),
-                )
-                deleted += cursor.rowcount
-        return deleted
+        return await self._write(partial(_delete_live, collection, keys))
 
     async def _keys(self, collection: str, limit: int | None) -> list[str]:
-        async with self._connection() as db:
-            rows = await db.execute_fetchall(
-                f"SELECT key FROM kvstores_entries WHERE collection = ? AND {_LIVE} ORDER BY key LIMIT ?",
-                (collection, time.time(), -1 if limit is None else limit),
-            )
+        sql = f"SELECT key FROM kvstores_entries WHERE collection = ? AND {_LIVE} ORDER BY key LIMIT ?"
+        parameters = (collection, time.time(), -1 if limit is None else limit)
+        rows = await self._run(lambda conn: conn.execute(sql, parameters).fetchall())
         return [key for (key,) in rows]
 
     async def _collections(self, limit: int | None) -> list[str]:
-        async with self._connection() as db:
-            rows = await db.execute_fetchall(
-                f"SELECT DISTINCT collection FROM kvstores_entries WHERE {_LIVE} ORDER BY collection LIMIT ?",
-                (time.time(), -1 if limit is None else limit),
-            )
+        sql = f"SELECT DISTINCT collection FROM kvstores_entries WHERE {_LIVE} ORDER BY collection LIMIT ?"
+        parameters = (time.time(), -1 if limit is None else limit)
+        rows = await self._run(lambda conn: conn.execute(sql, parameters).fetchall())
         return [name for (name,) in rows]
 
-    async def _destroy_where(self, where: str, parameters: tuple[str, ...]) -> bool:
-        async with self._transaction() as db:
-            cursor = await db.execute(
-                f"DELETE FROM kvstores_entries WHERE {where} AND {_LIVE}", (*parameters, time.time())
-            )
-            live = cursor.rowcount > 0
-            await db.execute(f"DELETE FROM kvstores_entries WHERE {where}", parameters)
-        return live
-
     async def _destroy_collection(self, collection: str) -> bool:
-        return await self._destroy_where("collection = ?", (collection,))
+        return await self._write(partial(_delete_where, "collection = ?", (collection,)))
 
     async def _destroy(self) -> bool:
-        return await self._destroy_where("1", ())
+        return await self._write(partial(_delete_where, "1", ()))
 
     async def _cull(self) -> None:
         self._next_sweep = 0.0
-        async with self._transaction():
-            pass
+        await self._write(lambda conn: None)

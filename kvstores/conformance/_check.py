@@ -6,13 +6,22 @@ and after each test, so point ``kvstores check`` at a scratch database.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from kvstores.conformance.kv import AsyncKeyValueConformance
-from kvstores.conformance.targets import open_target
+from kvstores.conformance.targets import TARGET_VARIABLE, is_url, open_target
+
+try:
+    from kvstores.conformance.events import EventStoreConformance
+except ImportError:  # the events suite needs the mcp extra; `kvstores check --suite events` says so
+    EventStoreConformance = object  # type: ignore[misc,assignment]
+
+_EVENT_LIMIT = 10
+_EVENT_TTL = 1.0
 
 
 async def _emptied(store: Any) -> Any:
@@ -47,3 +56,26 @@ class TestKV(AsyncKeyValueConformance):
         yield peer
         if hasattr(peer, "aclose"):
             await peer.aclose()
+
+
+class TestEvents(EventStoreConformance):
+    """The MCP event-store contract: the target's event store, or a StoreEventStore over its store."""
+
+    # The limits are known only when the suite builds the StoreEventStore itself (a URL target).
+    max_events_per_stream = max_streams = _EVENT_LIMIT if is_url(os.environ.get(TARGET_VARIABLE, "")) else None
+    ttl = _EVENT_TTL if max_streams else None
+
+    @pytest.fixture
+    async def event_store(self) -> AsyncIterator[Any]:
+        from mcp.server.streamable_http import EventStore
+
+        from kvstores.events import StoreEventStore
+
+        made = await open_target()
+        if isinstance(made, EventStore):
+            yield made
+            return
+        store = await _emptied(made)
+        yield StoreEventStore(store, max_events_per_stream=_EVENT_LIMIT, max_streams=_EVENT_LIMIT, ttl=_EVENT_TTL)
+        await _emptied(store)
+        await store.aclose()

@@ -9,13 +9,14 @@ from typing import Any
 
 from kvstores.registry import open_store
 
-__all__ = ["TARGET_VARIABLE", "open_target"]
+__all__ = ["TARGET_VARIABLE", "is_url", "open_target"]
 
 TARGET_VARIABLE = "KVSTORES_CHECK_TARGET"
 """Environment variable through which ``kvstores check`` hands its TARGET to the suite."""
 
 
-def _is_url(target: str) -> bool:
+def is_url(target: str) -> bool:
+    """True if ``target`` is a store URL rather than package.module:factory."""
     return "://" in target
 
 
@@ -26,7 +27,7 @@ async def open_target(target: str | None = None) -> Any:
     store (or, for the events suite, an event store).
     """
     target = target or os.environ[TARGET_VARIABLE]
-    if _is_url(target):
+    if is_url(target):
         return open_store(target)
     module_name, sep, attribute = target.partition(":")
     if not sep or not attribute:
