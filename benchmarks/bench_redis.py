@@ -2,7 +2,8 @@
 
 Contenders run interleaved in many short rounds (round-robin, order rotated every round) so
 that machine noise hits all of them alike; each figure is the median over the rounds, in items per second
-(a batch call of 100 keys counts 100). Every contender stores {"value": "x"*100} as JSON
+(a batch call of 100 keys counts 100); the client process's CPU time per item is reported
+too, as it is less sensitive to other load on the machine. Every contender stores {"value": "x"*100} as JSON
 text and returns dicts, one coroutine at a time (latency-bound, as an MCP server's calls are):
 
 - raw: redis.asyncio with json.dumps/json.loads: GET / SET, MGET, and a pipeline of one SET
@@ -10,7 +11,7 @@ text and returns dicts, one coroutine at a time (latency-bound, as an MCP server
 - kvstores: RedisStore.get / put / get_many / put_many (put_many is atomic);
 - py-key-value: key_value.aio.stores.redis.RedisStore, same calls.
 
-Run: python benchmarks/bench_redis.py [--url redis://127.0.0.1:6379/15] [--rounds 40] [--ops 250]
+Run: python benchmarks/bench_redis.py [--url redis://127.0.0.1:6379/15] [--rounds 60] [--ops 250]
 Writes benchmarks/results/redis.json. The keys used are deleted afterwards.
 """
 
@@ -43,20 +44,31 @@ Op = Callable[[int], Awaitable[Any]]
 TARGETS = {"vs raw: get, put": 0.9, "vs raw: get_many, put_many": 0.7, "vs py-key-value: every op": 1.3}
 
 
-async def measure(contenders: dict[str, Op], calls: int, items_per_call: int, rounds: int) -> dict[str, float]:
-    """Median items/s of each contender over interleaved rounds."""
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
+Figures = dict[str, dict[str, float]]  # op -> contender -> number
+
+
+async def measure(
+    contenders: dict[str, Op], calls: int, items_per_call: int, rounds: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Median items/s, and median client CPU microseconds per item, of each contender."""
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu: dict[str, list[float]] = {name: [] for name in contenders}
     names = list(contenders)
     for round_ in range(rounds + 1):  # round 0 warms up and is discarded
         order = names[round_ % len(names) :] + names[: round_ % len(names)]
         for name in order:
             op = contenders[name]
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for i in range(calls):
                 await op(i)
             if round_:
-                samples[name].append(calls * items_per_call / (time.perf_counter() - start))
-    return {name: statistics.median(values) for name, values in samples.items()}
+                items = calls * items_per_call
+                rates[name].append(items / (time.perf_counter() - start))
+                cpu[name].append((time.process_time() - start_cpu) * 1e6 / items)
+    return (
+        {name: statistics.median(values) for name, values in rates.items()},
+        {name: statistics.median(values) for name, values in cpu.items()},
+    )
 
 
 def raw_ops(client: Redis) -> dict[str, Op]:
@@ -101,12 +113,14 @@ def store_ops(store: Any) -> dict[str, Op]:
     return {"get": get, "put": put, "get_many": get_many, "put_many": put_many}
 
 
-async def scenarios(url: str, ops: int, rounds: int) -> dict[str, dict[str, float]]:
+async def scenarios(url: str, ops: int, rounds: int) -> tuple[Figures, Figures]:
+    """Items/s and client CPU per item of every contender on every op; cleans up its keys."""
     raw = Redis.from_url(url)
     ours = RedisStore.from_url(url, prefix=PREFIX)
     theirs = PyKeyValueRedisStore(url=url)
     contenders = {"kvstores": store_ops(ours), "raw": raw_ops(raw), "py-key-value": store_ops(theirs)}
-    results: dict[str, dict[str, float]] = {}
+    results: Figures = {}
+    cpu: Figures = {}
     try:
         for name in contenders:  # every get reads a stored value
             for i in range(len(BATCHES)):
@@ -115,7 +129,7 @@ async def scenarios(url: str, ops: int, rounds: int) -> dict[str, dict[str, floa
             batch = op.endswith("_many")
             calls = max(1, ops // 10) if batch else ops
             measured = {name: ops_of[op] for name, ops_of in contenders.items()}
-            results[op] = await measure(measured, calls, BATCH if batch else 1, rounds)
+            results[op], cpu[op] = await measure(measured, calls, BATCH if batch else 1, rounds)
     finally:
         await ours.destroy()
         await theirs.delete_many(KEYS)
@@ -123,22 +137,33 @@ async def scenarios(url: str, ops: int, rounds: int) -> dict[str, dict[str, floa
         await ours.aclose()
         await theirs.close()
         await raw.aclose()
-    return results
+    return results, cpu
 
 
-def report(results: dict[str, dict[str, float]]) -> dict[str, Any]:
+def print_table(figures: Figures, ratios: dict[str, float], unit: str, number: str) -> None:
+    """One line per op: each contender's figure, then kvstores' ratios to the others."""
+    print(f"{'op':<10} {'kvstores':>12} {'raw':>12} {'py-key-value':>13} {'vs raw':>8} {'vs pykv':>8}  ({unit})")
+    for op, row in figures.items():
+        print(
+            f"{op:<10} {row['kvstores']:>12{number}} {row['raw']:>12{number}} {row['py-key-value']:>13{number}}"
+            f" {ratios[f'{op} vs raw']:>7.2f}x {ratios[f'{op} vs py-key-value']:>7.2f}x"
+        )
+
+
+def report(results: Figures, cpu: Figures) -> dict[str, Any]:
     """Print a table and return the JSON document with ratios."""
     ratios = {
         f"{op} vs {baseline}": figures["kvstores"] / figures[baseline]
         for op, figures in results.items()
         for baseline in ("raw", "py-key-value")
     }
-    print(f"{'op':<10} {'kvstores':>12} {'raw':>12} {'py-key-value':>13} {'vs raw':>8} {'vs pykv':>8}  (items/s)")
-    for op, figures in results.items():
-        print(
-            f"{op:<10} {figures['kvstores']:>12,.0f} {figures['raw']:>12,.0f} {figures['py-key-value']:>13,.0f}"
-            f" {ratios[f'{op} vs raw']:>7.2f}x {ratios[f'{op} vs py-key-value']:>7.2f}x"
-        )
+    cpu_ratios = {  # like the ratios of items/s: above 1 means kvstores spends less CPU per item
+        f"{op} vs {baseline}": figures[baseline] / figures["kvstores"]
+        for op, figures in cpu.items()
+        for baseline in ("raw", "py-key-value")
+    }
+    print_table(results, ratios, "items/s", ",.0f")
+    print_table(cpu, cpu_ratios, "client CPU us/item", ".2f")
     met = {
         "vs raw: get, put": all(ratios[f"{op} vs raw"] >= TARGETS["vs raw: get, put"] for op in ("get", "put")),
         "vs raw: get_many, put_many": all(
@@ -156,25 +181,30 @@ def report(results: dict[str, dict[str, float]]) -> dict[str, Any]:
             "cpu_count": os.cpu_count(),
             "redis-py": redis.__version__,
             "hiredis": HIREDIS_AVAILABLE,
+            "load_average_1min": os.getloadavg()[0],  # other work on the machine at the end of the run
         },
         "unit": "items per second (median of interleaved rounds; batches of 100 keys count 100)",
         "items_per_second": results,
         "ratios": ratios,
+        "client_cpu_us_per_item": cpu,
+        "client_cpu_ratios": cpu_ratios,
         "targets": {name: f">= {value}x" for name, value in TARGETS.items()},
         "targets_met": met,
     }
 
 
 async def main() -> None:
+    """Parse the options, run the scenarios, print the table and write the JSON file."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="redis://127.0.0.1:6379/15")
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument(
         "--ops", type=int, default=250, help="single-key calls per contender per round (batches: a tenth)"
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "redis.json")
     options = parser.parse_args()
-    document = report(await scenarios(options.url, options.ops, options.rounds))
+    document = report(*await scenarios(options.url, options.ops, options.rounds))
+    document["options"] = {"rounds": options.rounds, "ops": options.ops, "batch": BATCH}
     with redis.Redis.from_url(options.url) as client:
         document["machine"]["redis-server"] = client.info("server")["redis_version"]
     options.out.write_text(json.dumps(document, indent=2) + "\n")

@@ -8,13 +8,15 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.connection import SSLConnection
 
 from kvstores import DeserializationError, StoreConnectionError, open_store
 from kvstores.backends.redis import RedisStore
@@ -43,19 +45,19 @@ async def raw_keys(store: RedisStore) -> set[str]:
 
 @both
 async def test_ttl_is_milliseconds(store: RedisStore) -> None:
-    await store.put("ten", {"v": 1}, ttl=10)
-    await store.put("half", {"v": 1}, ttl=0.5)
-    await store.put_many(["m1", "m2"], [{"v": 1}, {"v": 2}], ttl=0.25)
-    await store.put("none", {"v": 1})
     client = store.client
-    assert 9_900 <= await client.pttl(redis_key(store, "default", "ten")) <= 10_000
-    assert 400 <= await client.pttl(redis_key(store, "default", "half")) <= 500
-    assert 150 <= await client.pttl(redis_key(store, "default", "m2")) <= 250
+    await store.put("half", {"v": 1}, ttl=0.5)
+    assert 0 < await client.pttl(redis_key(store, "default", "half")) <= 500  # EX would round to 1 s
+    await store.put_many(["m1", "m2"], [{"v": 1}, {"v": 2}], ttl=2.5)
+    assert 2_000 < await client.pttl(redis_key(store, "default", "m2")) <= 2_500
+    await store.put("ten", {"v": 1}, ttl=10)
+    assert 9_000 <= await client.pttl(redis_key(store, "default", "ten")) <= 10_000
+    await store.put("none", {"v": 1})
     assert await client.pttl(redis_key(store, "default", "none")) == -1
-    _, remaining = await store.ttl("half")
-    assert remaining is not None and 0.4 <= remaining <= 0.5
+    _, remaining = await store.ttl("ten")
+    assert remaining is not None and 9 <= remaining <= 10
     await asyncio.sleep(0.6)
-    assert await store.get_many(["half", "m1", "m2", "ten"]) == [None, None, None, {"v": 1}]
+    assert await store.get_many(["half", "ten", "none"]) == [None, {"v": 1}, {"v": 1}]
 
 
 @both
@@ -110,6 +112,8 @@ async def test_destroy_touches_only_its_prefix(store: RedisStore) -> None:
         f"{store.prefix}x{{default}}k",
         f"{store.prefix}-other",
         f"x{store.prefix}{{default}}k",
+        f"{store.prefix}{{a%20b}}k",  # a tag kvstores never writes
+        f"{store.prefix}{{unclosed",
     ]
     try:
         for name in foreign:
@@ -171,6 +175,23 @@ async def test_thousand_concurrent_operations(backend: Any, namespace: str) -> N
         await store.aclose()
 
 
+@standalone
+async def test_waiting_operations_can_be_cancelled(backend: Any, namespace: str) -> None:
+    store = await backend.open(namespace, max_connections=1)
+    try:
+        tasks = [asyncio.create_task(store.put(f"k{i}", {"i": i})) for i in range(20)]
+        await asyncio.sleep(0)
+        for task in tasks[1::2]:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        # no connection slot was lost: the store still serves many concurrent calls
+        values = await asyncio.wait_for(asyncio.gather(*(store.get(f"k{i}") for i in range(20))), 10)
+        assert [i for i, value in enumerate(values) if value is not None] == list(range(0, 20, 2))
+    finally:
+        await store.destroy()
+        await store.aclose()
+
+
 @both
 async def test_user_client_is_not_closed(backend: Any, namespace: str) -> None:
     if isinstance(backend, RedisClusterBackend):
@@ -225,6 +246,11 @@ async def test_url_and_options(namespace: str) -> None:
     assert (kwargs["socket_timeout"], kwargs["db"], kwargs["socket_keepalive"]) == (1.5, 15, False)
     assert client.connection_pool.max_connections == 7
     await store.aclose()
+    tls_store = open_store("rediss://example.invalid:6380/2?ssl_cert_reqs=none&prefix=p")
+    tls_pool = tls_store.client.connection_pool  # type: ignore[attr-defined]
+    assert tls_pool.connection_class is SSLConnection
+    assert (tls_pool.connection_kwargs["ssl_cert_reqs"], tls_pool.connection_kwargs["db"]) == ("none", 2)
+    await tls_store.aclose()
     cluster_store = open_store("redis+cluster://127.0.0.1:7000", prefix="p")
     assert isinstance(cluster_store.client, RedisCluster)  # type: ignore[attr-defined]
     await cluster_store.aclose()
@@ -234,6 +260,8 @@ async def test_url_and_options(namespace: str) -> None:
         RedisStore(REDIS_URL, prefix="")
     with pytest.raises(TypeError):
         RedisStore()
+    with pytest.raises(TypeError, match=r"redis\.asyncio"):
+        RedisStore(client=redis.Redis())
 
 
 # -- faults: a redis-server of our own, stopped, hung and restarted ----------------------
@@ -261,7 +289,7 @@ def own_server() -> Iterator[tuple[int, Path, list[subprocess.Popen[bytes]]]]:
 
 async def expect_unreachable(store: RedisStore, timeout: float) -> None:
     """Every kind of operation raises StoreConnectionError, caused by redis-py, within the timeout."""
-    operations = [
+    operations: list[Callable[[], Awaitable[Any]]] = [
         lambda: store.get("k1"),
         lambda: store.put("k1", {"v": 1}),
         lambda: store.ttl("k1"),
@@ -306,6 +334,20 @@ async def test_server_hung_then_resumed(own_server: tuple[int, Path, list[subpro
         await expect_unreachable(store, timeout=0.5)
         processes[0].send_signal(signal.SIGCONT)
         await workload(store)
+    finally:
+        await store.aclose()
+
+
+async def test_unix_socket(own_server: tuple[int, Path, list[subprocess.Popen[bytes]]]) -> None:
+    _, folder, processes = own_server
+    socket_path = folder / "redis.sock"
+    processes.append(start_server(free_port(), folder, "--unixsocket", str(socket_path)))
+    store = open_store(f"unix://{socket_path}?db=3&prefix=p")
+    try:
+        await store.put("k", {"v": 1}, ttl=5)
+        value, remaining = await store.ttl("k")
+        assert value == {"v": 1}
+        assert remaining is not None and 4 < remaining <= 5
     finally:
         await store.aclose()
 

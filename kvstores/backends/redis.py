@@ -5,7 +5,7 @@ Layout: each entry is one Redis string whose value is the entry's JSON text, und
     <prefix>{<collection, with % { } written as %25 %7B %7D>}<key>
 
 The collection is the key's hash tag, so all keys of one collection share a Cluster slot
-(MGET and MULTI/EXEC never raise CROSSSLOT). The first ``}`` ends the tag and the rest is
+(a call's MGET, DEL, pipeline or script never raises CROSSSLOT). The first ``}`` ends the tag and the rest is
 the key verbatim, so no two (collection, key) pairs share a Redis key whatever characters
 they hold. The prefix (default ``"kvstores"``) must be non-empty and must not contain ``{``.
 
@@ -221,7 +221,10 @@ def _split_store_options(url: str) -> tuple[str, dict[str, Any]]:
 
 
 class RedisStore(BaseStore):
-    """A store on Redis (standalone or Cluster) with native millisecond TTLs."""
+    """A store on Redis (standalone or Cluster) with native millisecond TTLs.
+
+    ``client`` is the redis-py client in use and ``prefix`` the prefix of every Redis key.
+    """
 
     def __init__(
         self,
@@ -239,6 +242,8 @@ class RedisStore(BaseStore):
             raise ValueError(f"prefix must be a non-empty str without '{{', got {prefix!r}")
         if (url is None) == (client is None):
             raise TypeError("RedisStore needs either a URL or client=, not both")
+        if client is not None and not isinstance(client, (Redis, RedisCluster)):
+            raise TypeError(f"client must be a redis.asyncio Redis or RedisCluster, not {type(client).__name__}")
         self.prefix = prefix
         self._pattern = _glob(prefix) + "{*"  # every key under the prefix
         self._owns_client = client is None
@@ -301,7 +306,9 @@ class RedisStore(BaseStore):
         close = name.find("}", start)
         if close <= start or not name.startswith(self.prefix + "{"):
             return None
-        return unquote(name[start:close])
+        tag = name[start:close]
+        collection = unquote(tag)
+        return collection if collection.translate(_TAG_ESCAPES) == tag else None
 
     # -- commands ------------------------------------------------------------------
 
