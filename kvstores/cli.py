@@ -1,6 +1,9 @@
-"""The ``kvstores`` command: ``check`` a store against the conformance suites.
+"""The ``kvstores`` command: ``demo``, ``check`` a store against the conformance suites.
 
-``kvstores check TARGET [--suite kv]`` runs a suite through pytest against TARGET (a store
+``kvstores demo [--store URL]`` shows FastMCP session state on a persistent store:
+isolation, expiry and persistence across a server restart (see kvstores.demo).
+
+``kvstores check TARGET [--suite kv|events|fastmcp]`` runs a suite through pytest against TARGET (a store
 URL such as ``sqlite:///scratch.db`` or ``package.module:factory``) and prints a summary
 per group of checks. It exits 0 only if nothing failed. The target's kvstores data is
 destroyed by the checks: use a scratch database.
@@ -9,6 +12,7 @@ destroyed by the checks: use a scratch database.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections import defaultdict
@@ -17,7 +21,8 @@ from typing import Any
 
 __all__ = ["main"]
 
-SUITES = {"kv": "TestKV", "events": "TestEvents"}
+SUITES = {"kv": "TestKV", "events": "TestEvents", "fastmcp": "TestFastMCP"}
+_SUITE_MODULES = {"events": "kvstores.conformance.events", "fastmcp": "kvstores.conformance.fastmcp"}
 """Suite name -> test class in kvstores.conformance._check."""
 
 
@@ -58,8 +63,8 @@ def check(target: str, suite: str, verbose: bool = False) -> int:
     from kvstores.conformance.targets import TARGET_VARIABLE
 
     os.environ[TARGET_VARIABLE] = target  # before _check is imported: its classes read it
-    if suite == "events":
-        import kvstores.conformance.events  # noqa: F401  # fail early, naming the extra to install
+    if suite in _SUITE_MODULES:
+        importlib.import_module(_SUITE_MODULES[suite])  # fail early, naming the extra to install
     from kvstores.conformance import _check
     summary = _Summary()
     args = [
@@ -86,7 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     check_parser.add_argument("target", help="store URL (e.g. sqlite:///scratch.db) or package.module:factory")
     check_parser.add_argument("--suite", choices=sorted(SUITES), default="kv")
     check_parser.add_argument("-v", "--verbose", action="store_true", help="list every test")
-    options = parser.parse_args(argv)
+    commands.add_parser("demo", help="FastMCP session state on a persistent store", add_help=False)
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["demo"]:
+        from kvstores import demo
+
+        return demo.main(args[1:])
+    options = parser.parse_args(args)
     return check(options.target, options.suite, options.verbose)
 
 

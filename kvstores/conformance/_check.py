@@ -15,10 +15,16 @@ import pytest
 from kvstores.conformance.kv import AsyncKeyValueConformance
 from kvstores.conformance.targets import TARGET_VARIABLE, is_url, open_target
 
+# The events and fastmcp suites need optional extras; `kvstores check` imports them first
+# so that a missing one is reported with the extra to install.
 try:
     from kvstores.conformance.events import EventStoreConformance
-except ImportError:  # the events suite needs the mcp extra; `kvstores check --suite events` says so
+except ImportError:
     EventStoreConformance = object  # type: ignore[misc,assignment]
+try:
+    from kvstores.conformance.fastmcp import SessionStateConformance
+except ImportError:
+    SessionStateConformance = object  # type: ignore[misc,assignment]
 
 _EVENT_LIMIT = 10
 _EVENT_TTL = 1.0
@@ -30,8 +36,8 @@ async def _emptied(store: Any) -> Any:
     return store
 
 
-class TestKV(AsyncKeyValueConformance):
-    """The key-value contract against the target."""
+class _TargetStores:
+    """``store`` and ``peer_store`` fixtures opened from the target."""
 
     @pytest.fixture
     async def store(self) -> AsyncIterator[Any]:
@@ -56,6 +62,14 @@ class TestKV(AsyncKeyValueConformance):
         yield peer
         if hasattr(peer, "aclose"):
             await peer.aclose()
+
+
+class TestKV(_TargetStores, AsyncKeyValueConformance):
+    """The key-value contract against the target."""
+
+
+class TestFastMCP(_TargetStores, SessionStateConformance):
+    """FastMCP session state on the target."""
 
 
 class TestEvents(EventStoreConformance):

@@ -1,0 +1,94 @@
+"""Helpers for the FastMCP tests: run the persistent_state example scripts as processes."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "persistent_state"
+"""The folder of the persistent_state example."""
+
+
+def run_example(script: str, *args: str, cwd: Path) -> str:
+    """Run an example script to completion in ``cwd``; return its stdout (fail on a non-zero exit)."""
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, f"{script} exited with {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def sections(output: str) -> dict[str, list[str]]:
+    """An example's output as {section title: its indented lines}; sections are separated by blank lines."""
+    found: dict[str, list[str]] = {}
+    for block in output.strip().split("\n\n"):
+        title, *lines = block.splitlines()
+        found[title] = [line.strip() for line in lines]
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class ExampleServer:
+    """examples/persistent_state/server.py running in a child process on a free port."""
+
+    def __init__(self, store_url: str | None, cwd: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.log = cwd / f"server-{self.port}.log"
+        store = ["--store", store_url] if store_url else []
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(EXAMPLES / "server.py"), *store, "--port", str(self.port)],
+                cwd=cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def wait_until_serving(self, timeout: float = 60.0) -> None:
+        """Block until the server accepts connections; fail with its log if it exits or hangs."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise AssertionError(f"server.py exited with {self.process.returncode}:\n{self.log.read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"server.py did not start serving:\n{self.log.read_text()}") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM: uvicorn shuts down cleanly and the store is closed)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@contextmanager
+def example_servers(store_url: str | None, count: int, cwd: Path) -> Iterator[list[str]]:
+    """Run ``count`` example servers on one store at once; yield their MCP URLs."""
+    with ExitStack() as stack:
+        servers = []
+        for _ in range(count):
+            server = ExampleServer(store_url, cwd)
+            stack.callback(server.stop)
+            servers.append(server)
+        for server in servers:
+            server.wait_until_serving()
+        yield [server.url for server in servers]

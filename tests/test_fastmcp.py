@@ -1,0 +1,27 @@
+"""FastMCP session state on every backend of the table, plus the drop-in check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from key_value.aio.protocols import AsyncKeyValue
+
+from kvstores.conformance.fastmcp import SessionStateConformance
+
+
+class TestSessionState(SessionStateConformance):
+    """The session-state suite over the parametrized backend table of tests/conftest.py."""
+
+    @pytest.fixture
+    def store(self, backend_store: Any) -> Any:
+        return backend_store
+
+    @pytest.fixture
+    def peer_store(self, backend_peer_store: Any) -> Any:
+        return backend_peer_store
+
+
+@pytest.mark.anyio
+async def test_every_store_is_a_py_key_value_store(backend_store: Any) -> None:
+    assert isinstance(backend_store, AsyncKeyValue)
