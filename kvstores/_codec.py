@@ -5,8 +5,9 @@ Limits (the same on every backend):
 - keys and collection names: ``str`` of at most :data:`MAX_KEY_LENGTH` characters with
   no lone surrogates; collection names must also be non-empty;
 - values: a ``Mapping`` with ``str`` keys whose content is JSON (dict, list, tuple, str,
-  int, finite float, bool, None; nested mappings must be dicts), encoded as compact
-  UTF-8 JSON of at most :data:`MAX_VALUE_BYTES` bytes. Integers are limited only by
+  int, finite float, bool, None; nested mappings must be dicts) nested at most
+  :data:`MAX_DEPTH` levels, encoded as compact UTF-8 JSON of at most
+  :data:`MAX_VALUE_BYTES` bytes. Integers are limited only by
   Python's ``sys.get_int_max_str_digits()`` (4,300 digits by default);
 - TTLs: ``None`` (never expires) or a real number of seconds in
   ``(0, MAX_TTL_SECONDS]``; backends round it up to whole milliseconds.
@@ -33,6 +34,9 @@ MAX_KEY_LENGTH = 1024
 MAX_VALUE_BYTES = 16 * 1024 * 1024 - 64 * 1024
 """Largest encoded value, in UTF-8 bytes: fits a 16 MiB MongoDB document with its key."""
 
+MAX_DEPTH = 100
+"""Deepest nesting of dicts and lists in a value: deeper values could not be read back safely."""
+
 MAX_TTL_SECONDS = 10 * 365 * 24 * 60 * 60
 """Longest TTL accepted: ten years. Use ``ttl=None`` for entries that never expire."""
 
@@ -45,7 +49,13 @@ def _reject_object(obj: object) -> NoReturn:
 
 
 _encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_reject_object).encode
-_decode = json.loads
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+_decode = json.JSONDecoder(parse_constant=_reject_constant).decode
 
 
 def _describe(text: str) -> str:
@@ -104,19 +114,21 @@ def ttl_milliseconds(seconds: float) -> int:
     return math.ceil(seconds * 1000)
 
 
-def _check_str_keys(value: dict[str, Any]) -> None:
-    """Reject dict keys that are not str (json.dumps would silently stringify them)."""
-    stack: list[Any] = [value]
+def _check_structure(value: dict[str, Any]) -> None:
+    """Reject non-str dict keys (json.dumps would stringify them) and nesting beyond MAX_DEPTH."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
-        node = stack.pop()
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise SerializationError(f"value is nested deeper than {MAX_DEPTH} levels")
         if isinstance(node, dict):
             for k, v in node.items():
                 if k.__class__ is not str and not isinstance(k, str):
                     raise SerializationError(f"dict keys must be str, found {type(k).__name__} key {k!r}")
                 if v.__class__ in _CONTAINERS or (v.__class__ not in _SCALARS and isinstance(v, _CONTAINERS)):
-                    stack.append(v)
+                    stack.append((v, depth + 1))
         else:
-            stack.extend(v for v in node if isinstance(v, _CONTAINERS))
+            stack.extend((v, depth + 1) for v in node if isinstance(v, _CONTAINERS))
 
 
 def encode_value(value: Mapping[str, Any]) -> str:
@@ -129,7 +141,7 @@ def encode_value(value: Mapping[str, Any]) -> str:
         text = _encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise SerializationError(f"value is not JSON: {exc}") from exc
-    _check_str_keys(value)
+    _check_structure(value)
     if not text.isascii():
         try:
             size = len(text.encode("utf-8"))
@@ -148,9 +160,9 @@ def encode_values(values: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def decode_value(text: str | bytes, key: str) -> dict[str, Any]:
-    """Decode stored JSON text for ``key``; raise DeserializationError unless it is an object."""
+    """Decode stored JSON text (str or UTF-8 bytes) for ``key``; raise DeserializationError unless it is an object."""
     try:
-        value = _decode(text)
+        value = _decode(text if isinstance(text, str) else text.decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         raise DeserializationError(f"stored value for key {_describe(key)} is not valid JSON: {exc}") from exc
     if type(value) is not dict:

@@ -25,7 +25,10 @@ from kvstores._codec import (
 )
 from kvstores.errors import StoreClosedError
 
-__all__ = ["DEFAULT_COLLECTION", "BaseStore"]
+__all__ = ["DEFAULT_COLLECTION", "BaseStore", "Stored"]
+
+Stored = str | bytes
+"""What a backend's read primitives return: the encoded JSON text, as str or UTF-8 bytes."""
 
 DEFAULT_COLLECTION = "default"
 """The collection used when ``collection=None``, unless a store is given another."""
@@ -193,10 +196,10 @@ class BaseStore:
 
     # -- primitives: names validated, values encoded ---------------------------------
 
-    async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
+    async def _get_many(self, collection: str, keys: Sequence[str]) -> Sequence[Stored | None]:
         raise NotImplementedError
 
-    async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[str | None, float | None]]:
+    async def _ttl_many(self, collection: str, keys: Sequence[str]) -> Sequence[tuple[Stored | None, float | None]]:
         raise NotImplementedError
 
     async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
@@ -225,10 +228,10 @@ class BaseStore:
     async def _close(self) -> None:
         """Release backend resources (called once, by ``aclose``)."""
 
-    async def _get(self, collection: str, key: str) -> str | None:
+    async def _get(self, collection: str, key: str) -> Stored | None:
         return (await self._get_many(collection, [key]))[0]
 
-    async def _ttl(self, collection: str, key: str) -> tuple[str | None, float | None]:
+    async def _ttl(self, collection: str, key: str) -> tuple[Stored | None, float | None]:
         return (await self._ttl_many(collection, [key]))[0]
 
     async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import tests.hypothesis_profiles  # noqa: F401  # registers the "ci" (default) and "long" profiles
 from tests.support import BACKENDS, Backend, Unavailable, is_required, load
 
 

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "ci",
-    max_examples=12,
-    stateful_step_count=30,
+    max_examples=30,
+    stateful_step_count=40,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

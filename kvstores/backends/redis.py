@@ -49,8 +49,8 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
-from kvstores.base import DEFAULT_COLLECTION, BaseStore
-from kvstores.errors import DeserializationError, KVStoreError, StoreConnectionError
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored
+from kvstores.errors import KVStoreError, StoreConnectionError
 
 try:
     from redis import exceptions as redis_errors
@@ -178,16 +178,6 @@ def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]
 def _glob(text: str) -> str:
     """``text`` as a SCAN MATCH pattern that matches only itself."""
     return text.translate(_GLOB_ESCAPES)
-
-
-def _text(raw: bytes | str | None) -> str | None:
-    """A stored value as text (the client may or may not decode replies itself)."""
-    if raw is None or isinstance(raw, str):
-        return raw
-    try:
-        return raw.decode()
-    except UnicodeDecodeError as exc:
-        raise DeserializationError("a stored value is not UTF-8 text") from exc
 
 
 def _name(raw: bytes | str) -> str | None:
@@ -356,32 +346,32 @@ class RedisStore(BaseStore):
 
     # -- primitives ----------------------------------------------------------------
 
-    async def _get(self, collection: str, key: str) -> str | None:
-        return _text(await self._execute("GET", self._head(collection) + key))
+    async def _get(self, collection: str, key: str) -> Stored | None:
+        return cast("Stored | None", await self._execute("GET", self._head(collection) + key))
 
-    async def _ttl(self, collection: str, key: str) -> tuple[str | None, float | None]:
+    async def _ttl(self, collection: str, key: str) -> tuple[Stored | None, float | None]:
         name = self._head(collection) + key
         raw, milliseconds = await self._pipeline((("GET", name), ("PTTL", name)))
         if raw is None or milliseconds == -2:  # -2: it expired between GET and PTTL
             return None, None
-        return _text(raw), _remaining(milliseconds)
+        return raw, _remaining(milliseconds)
 
-    async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
+    async def _get_many(self, collection: str, keys: Sequence[str]) -> list[Stored | None]:
         names = self._names(collection, keys)
         if len(names) <= _CHUNK:
             values = await self._execute("MGET", *names)
         else:
             replies = await self._pipeline([("MGET", *chunk) for chunk in _chunks(names)])
             values = [value for reply in replies for value in reply]
-        return [_text(value) for value in values]
+        return cast("list[Stored | None]", values)
 
-    async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[str | None, float | None]]:
+    async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[Stored | None, float | None]]:
         names = self._names(collection, keys)
         mgets = [("MGET", *chunk) for chunk in _chunks(names)]
         replies = await self._pipeline([*mgets, *(("PTTL", name) for name in names)])
         values = [value for reply in replies[: len(mgets)] for value in reply]
         return [
-            (None, None) if raw is None or milliseconds == -2 else (_text(raw), _remaining(milliseconds))
+            (None, None) if raw is None or milliseconds == -2 else (raw, _remaining(milliseconds))
             for raw, milliseconds in zip(values, replies[len(mgets) :])
         ]
 

@@ -1,0 +1,122 @@
+"""Child processes of the reliability suite (tests/test_crash.py, tests/test_multiprocess.py).
+
+Run as ``python -m tests.workers crash PATH FIRST_GENERATION`` from the repository root, or
+as multiprocessing targets. Kept apart from the test modules so that a child imports only
+kvstores and what its backend needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import traceback
+from typing import Any
+
+from kvstores import open_store
+
+BATCH_KEYS = 50
+"""Keys a crash-test batch owns (plus as many shared keys that every batch overwrites)."""
+
+OWN_KEYS = 40
+"""Keys each multi-process worker owns."""
+
+SHARED_KEYS = 8
+"""Keys every multi-process worker writes."""
+
+
+def batch(generation: int) -> tuple[list[str], list[dict[str, int]]]:
+    """The 100 keys and values of one crash-test put_many."""
+    own = [f"{generation}/{i}" for i in range(BATCH_KEYS)]
+    shared = [f"shared/{i}" for i in range(BATCH_KEYS)]
+    keys = own + shared
+    return keys, [{"generation": generation, "i": i} for i in range(len(keys))]
+
+
+async def _write_batches(path: str, generation: int) -> None:
+    from kvstores.backends.sqlite import SQLiteStore
+
+    store = SQLiteStore(path)
+    while True:
+        keys, values = batch(generation)
+        await store.put_many(keys, values, collection="batches")
+        print(generation, flush=True)  # acknowledged: committed
+        generation += 1
+
+
+def own_key(worker: int, index: int) -> str:
+    """Key ``index`` of ``worker`` (no other worker writes it)."""
+    return f"w{worker}/{index}"
+
+
+def final_shared_value(index: int) -> dict[str, Any]:
+    """The value shared key ``index`` holds at the end: written after the barrier by one worker."""
+    return {"final": index, "writer": index % 4}
+
+
+async def _mixed(url: str, options: dict[str, Any], worker: int, operations: int, seed: int, barrier: Any) -> Any:
+    rng = random.Random(seed * 100 + worker)
+    model: dict[str, dict[str, Any]] = {}
+    store = open_store(url, **options)
+    try:
+        await store.get(own_key(worker, 0))  # connected: now start together
+        await asyncio.to_thread(barrier.wait)
+        for n in range(operations):
+            roll = rng.random()
+            keys = [own_key(worker, rng.randrange(OWN_KEYS)) for _ in range(rng.randint(1, 5))]
+            key = keys[0]
+            if roll < 0.3:
+                value = {"worker": worker, "n": n}
+                await store.put(key, value)
+                model[key] = value
+            elif roll < 0.45:
+                values = [{"worker": worker, "n": n, "i": i} for i in range(len(keys))]
+                await store.put_many(keys, values)
+                model.update(zip(keys, values))
+            elif roll < 0.6:
+                got = await store.get(key)
+                assert got == model.get(key), f"worker {worker} op {n}: {key} is {got}, wrote {model.get(key)}"
+            elif roll < 0.7:
+                got_many = await store.get_many(keys)
+                assert got_many == [model.get(k) for k in keys], f"worker {worker} op {n}: get_many {keys}"
+            elif roll < 0.8:
+                existed = await store.delete(key)
+                assert existed == (model.pop(key, None) is not None), f"worker {worker} op {n}: delete {key}"
+            elif roll < 0.85:
+                distinct = list(dict.fromkeys(keys))
+                count = await store.delete_many(keys)
+                assert count == sum(model.pop(k, None) is not None for k in distinct), f"worker {worker} op {n}"
+            else:
+                index = rng.randrange(SHARED_KEYS)
+                if rng.random() < 0.5:
+                    await store.put(f"shared/{index}", {"worker": worker, "n": n}, collection="shared")
+                else:
+                    got = await store.get(f"shared/{index}", collection="shared")
+                    assert got is None or set(got) == {"worker", "n"}, f"worker {worker}: shared value {got}"
+        await asyncio.to_thread(barrier.wait)
+        finals = [index for index in range(SHARED_KEYS) if index % 4 == worker]
+        for index in finals:
+            await store.put(f"shared/{index}", final_shared_value(index), collection="shared")
+        return model
+    finally:
+        await store.aclose()
+
+
+def mixed_workload(
+    url: str, options: dict[str, Any], worker: int, operations: int, seed: int, barrier: Any, results: Any
+) -> None:
+    """Run ``operations`` random operations on ``worker``'s own keys and on shared keys.
+
+    Puts ``(worker, final model of its own keys)`` on ``results``, or ``(worker, traceback)``
+    when anything went wrong (a lost write, "database is locked", a driver error...).
+    """
+    try:
+        results.put((worker, asyncio.run(_mixed(url, options, worker, operations, seed, barrier))))
+    except BaseException:
+        barrier.abort()
+        results.put((worker, traceback.format_exc()))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "crash":
+        asyncio.run(_write_batches(sys.argv[2], int(sys.argv[3])))
