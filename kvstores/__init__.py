@@ -4,7 +4,7 @@ Open a store by URL with :func:`open_store` or construct a backend class directl
 every store implements :class:`AsyncKeyValue` (the protocol of py-key-value and FastMCP).
 """
 
-from kvstores._codec import MAX_KEY_LENGTH, MAX_TTL_SECONDS, MAX_VALUE_BYTES
+from kvstores._codec import MAX_DEPTH, MAX_KEY_LENGTH, MAX_TTL_SECONDS, MAX_VALUE_BYTES
 from kvstores.backends.memory import MemoryStore
 from kvstores.base import DEFAULT_COLLECTION, BaseStore
 from kvstores.errors import (
@@ -40,6 +40,7 @@ __all__ = [
     "InvalidKeyError",
     "InvalidTTLError",
     "KVStoreError",
+    "MAX_DEPTH",
     "MAX_KEY_LENGTH",
     "MAX_TTL_SECONDS",
     "MAX_VALUE_BYTES",

@@ -23,6 +23,7 @@ PUBLIC = [
     "InvalidKeyError",
     "InvalidTTLError",
     "KVStoreError",
+    "MAX_DEPTH",
     "MAX_KEY_LENGTH",
     "MAX_TTL_SECONDS",
     "MAX_VALUE_BYTES",
