@@ -13,7 +13,14 @@ import pytest
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
-from kvstores import MAX_VALUE_BYTES, DeserializationError, StoreConnectionError, ValueTooLargeError, open_store
+from kvstores import (
+    MAX_DEPTH,
+    MAX_VALUE_BYTES,
+    DeserializationError,
+    StoreConnectionError,
+    ValueTooLargeError,
+    open_store,
+)
 from kvstores.backends.mongodb import MongoDBStore
 from tests.support import Unavailable, is_required
 from tests.support.mongodb import MongoDBBackend, SecantusServer
@@ -34,9 +41,9 @@ async def raw(backend: MongoDBBackend, store: MongoDBStore) -> AsyncIterator[Any
 
 @both_clients
 async def test_fidelity(store: MongoDBStore) -> None:
-    deep: Any = {"leaf": True}
-    for _ in range(200):
-        deep = {"d": [deep]}
+    deep: Any = True
+    for level in range(MAX_DEPTH - 1):  # the deepest nesting allowed: the value's own dict is one more level
+        deep = [deep] if level % 2 else {"d": deep}
     value = {
         "big": 2**64 + 1,
         "huge": -(10**100),
@@ -52,12 +59,26 @@ async def test_fidelity(store: MongoDBStore) -> None:
 
 @both_clients
 async def test_one_document_per_pair(store: MongoDBStore, raw: Any) -> None:
-    await store.put("k", {"v": 1})
-    await store.put("k", {"v": 2}, collection="c")
-    await store.put_many(["k", "j"], [{"v": 3}, {"v": 4}])
-    documents = await raw.find({}, {"_id": 1}).to_list(None)
-    assert sorted((d["_id"]["c"], d["_id"]["k"]) for d in documents) == [("c", "k"), ("default", "j"), ("default", "k")]
-    assert all(list(d["_id"]) == ["c", "k"] for d in documents)
+    pairs = [("ab", "c"), ("a", "bc"), ("1:a", "bc"), ("a", "1:abc"), ("2:ab", ""), ("default", "k")]
+    for collection, key in pairs:
+        await store.put(key, {"pair": [collection, key]}, collection=collection)
+    await store.put_many(["k"], [{"pair": ["default", "k"]}])
+    documents = await raw.find({}).to_list(None)
+    assert sorted((d["c"], d["_id"]) for d in documents) == sorted((c, f"{len(c)}:{c}{k}") for c, k in pairs)
+    for collection, key in pairs:
+        assert await store.get(key, collection=collection) == {"pair": [collection, key]}
+
+
+@both_clients
+async def test_listing_by_id_range_at_code_point_edges(store: MongoDBStore) -> None:
+    names = ["\U0010ffff", "\U0010ffff\U0010ffff", "a\U0010ffff", "b", "\ud7ff", "\ue000", "1:", "1", ";"]
+    for name in names:
+        await store.put_many([name, "k"], [{"c": name}, {"c": name}], collection=name)
+    for name in names:
+        assert sorted(await store.keys(collection=name)) == sorted([name, "k"])
+    assert sorted(await store.collections()) == sorted(names)
+    assert await store.destroy_collection("\U0010ffff") is True
+    assert sorted(await store.collections()) == sorted(names[1:])
 
 
 @both_clients
@@ -73,8 +94,8 @@ async def test_concurrent_first_writes_never_duplicate(
             await asyncio.gather(
                 *(writer.put_many([key, f"{key}-b"], [{"w": i}, {"w": i}]) for i, writer in enumerate(writers))
             )
-            assert await raw.count_documents({"_id": {"c": "default", "k": key}}) == 1
-            assert (await store.get(key))["w"] in range(len(writers))
+            assert await raw.count_documents({"_id": f"7:default{key}"}) == 1
+            assert await store.get(key) in [{"w": i} for i in range(len(writers))]
     finally:
         for peer in peers:
             await peer.aclose()
@@ -84,13 +105,15 @@ async def test_concurrent_first_writes_never_duplicate(
 async def test_ttl_index_and_expiry_field(store: MongoDBStore, raw: Any) -> None:
     await store.put("k", {"v": 1}, ttl=60)
     indexes = await raw.index_information()
-    assert [spec.get("expireAfterSeconds") for spec in indexes.values() if spec["key"] == [("e", 1)]] == [0]
-    assert (await raw.find_one({"_id": {"c": "default", "k": "k"}}))["e"] is not None
+    assert [(spec["expireAfterSeconds"], spec["sparse"]) for spec in indexes.values() if spec["key"] == [("e", 1)]] == [
+        (0, True)
+    ]
+    assert (await raw.find_one({"_id": "7:defaultk"}))["e"] is not None
     await store.put("k", {"v": 2})
-    assert "e" not in await raw.find_one({"_id": {"c": "default", "k": "k"}})
+    assert "e" not in await raw.find_one({"_id": "7:defaultk"})
     await store.put_many(["k"], [{"v": 3}], ttl=60)
     await store.put_many(["k"], [{"v": 4}])
-    assert "e" not in await raw.find_one({"_id": {"c": "default", "k": "k"}})
+    assert "e" not in await raw.find_one({"_id": "7:defaultk"})
 
 
 @both_clients
@@ -98,8 +121,8 @@ async def test_ttl_to_the_millisecond(store: MongoDBStore, raw: Any) -> None:
     before = time.time()
     await store.put("k", {"v": 1}, ttl=1.2345)
     after = time.time()
-    expiry = (await raw.find_one({"_id": {"c": "default", "k": "k"}}))["e"].timestamp()
-    assert before + 1.2345 - 0.002 <= expiry <= after + 1.2345 + 0.002
+    expiry = (await raw.find_one({"_id": "7:defaultk"}))["e"].timestamp()
+    assert before + 1.2345 - 0.001 <= expiry <= after + 1.2345
     _, remaining = await store.ttl("k")
     assert remaining is not None
     assert expiry - time.time() - 0.002 <= remaining <= 1.2345
@@ -111,7 +134,7 @@ async def test_expired_entry_is_reclaimed(store: MongoDBStore, raw: Any) -> None
     await store.put("stays", {"v": 1})
     await anyio.sleep(0.1)
     await store.cull()
-    assert [d["_id"]["k"] for d in await raw.find({}).to_list(None)] == ["stays"]
+    assert [d["_id"] for d in await raw.find({}).to_list(None)] == ["7:defaultstays"]
 
 
 @both_clients
@@ -127,20 +150,20 @@ async def test_destroy_keeps_other_collections_of_the_database(store: MongoDBSto
 
 @both_clients
 async def test_stored_document_without_text_is_a_deserialization_error(store: MongoDBStore, raw: Any) -> None:
-    await raw.insert_one({"_id": {"c": "default", "k": "alien"}, "v": {"not": "text"}})
+    await raw.insert_one({"_id": "7:defaultalien", "c": "default", "v": {"not": "text"}})
     with pytest.raises(DeserializationError):
         await store.get("alien")
 
 
 @pytest.mark.parametrize("backend", ["mongodb"], indirect=True)
-async def test_user_client_is_not_closed(backend: MongoDBBackend) -> None:
+async def test_user_client_is_not_closed(backend: MongoDBBackend, namespace: str) -> None:
     from motor.motor_asyncio import AsyncIOMotorClient
 
     pymongo_client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(backend.url)
-    motor_client = AsyncIOMotorClient(backend.url)
+    motor_client: AsyncIOMotorClient[dict[str, Any]] = AsyncIOMotorClient(backend.url)
     try:
         for client in (pymongo_client, motor_client):
-            async with MongoDBStore(client, database="kvstores_tests", collection="owned") as store:
+            async with MongoDBStore(client, **backend.options(namespace, {})) as store:
                 await store.put("k", {"v": 1})
                 await store.destroy()
             assert (await client.admin.command("ping"))["ok"] == 1
@@ -171,7 +194,8 @@ def test_options_from_url() -> None:
 def test_sync_client_rejected() -> None:
     from pymongo import MongoClient
 
-    with MongoClient("mongodb://127.0.0.1:9", connect=False) as client, pytest.raises(TypeError):
+    client: MongoClient[dict[str, Any]] = MongoClient("mongodb://127.0.0.1:9", connect=False)
+    with client, pytest.raises(TypeError):
         MongoDBStore(client)
 
 
@@ -205,7 +229,9 @@ async def fault_store(request: pytest.FixtureRequest, server: SecantusServer) ->
     from motor.motor_asyncio import AsyncIOMotorClient
 
     ms = int(TIMEOUT * 1000)
-    client = AsyncIOMotorClient(server.url, serverSelectionTimeoutMS=ms, connectTimeoutMS=ms, socketTimeoutMS=ms)
+    client: AsyncIOMotorClient[dict[str, Any]] = AsyncIOMotorClient(
+        server.url, serverSelectionTimeoutMS=ms, connectTimeoutMS=ms, socketTimeoutMS=ms
+    )
     yield MongoDBStore(client, database="fault")
     client.close()
 

@@ -3,19 +3,25 @@
 Storage: every entry of every kvstores collection is one document of ONE MongoDB
 collection (option ``collection``, default ``"kvstores"``) in one database::
 
-    {"_id": {"c": <collection>, "k": <key>}, "v": <value as JSON text>, "e": <expiry, BSON date>}
+    {"_id": "<len(collection)>:<collection><key>", "c": <collection>,
+     "v": <value as JSON text>, "e": <expiry as a BSON date, absent if none>}
 
-Why one MongoDB collection with a compound ``_id`` rather than one MongoDB collection per
-kvstores collection: names need no mapping into MongoDB's namespace rules and length
-limits, there is one TTL index instead of one per collection, and listing, counting or
-deleting one kvstores collection is an index scan on ``_id.c``. The ``_id`` is an
-embedded document that this module always builds in the same field order (``c`` then
-``k``): MongoDB compares embedded documents field by field, in order, so the pair is
-unique by construction (no separator, nothing to escape), and because every write is an
-upsert on ``_id`` equality, concurrent first writes of one key leave one document and
-never surface DuplicateKeyError (MongoDB >= 4.2 retries such upserts itself). Keys and
-collection names compare as exact UTF-8 strings (no collation), so NFC and NFD forms stay
-distinct; MongoDB >= 4.2 has no index key size limit, so the longest names fit.
+Why one MongoDB collection rather than one per kvstores collection: names need no
+mapping into MongoDB's namespace rules and length limits, and one TTL index serves every
+kvstores collection. The ``_id`` is a string that is unique by construction: the decimal
+length of the collection name (in code points), a colon, the name, then the key. The
+length says where the name ends, so no two (collection, key) pairs share an ``_id``
+whatever characters they hold (there is no separator to escape), and the ``_id`` values of
+one kvstores collection are exactly those starting with ``<len>:<name>``: listing or
+deleting a collection is a range scan of the ``_id`` index, so no other index is needed
+(``c`` is kept for ``collections()`` and for people reading the data). A string rather
+than an embedded ``{c, k}`` document because MongoDB-wire servers other than MongoDB
+(SecantusDB among them) scan the whole collection to find an embedded-document ``_id``,
+while a string ``_id`` is a primary-key lookup everywhere. Every write is an upsert on
+``_id`` equality, so concurrent first writes of one key leave one document and never
+surface DuplicateKeyError (MongoDB >= 4.2 retries such upserts itself). Strings compare
+as exact UTF-8 (no collation), so NFC and NFD forms stay distinct; MongoDB >= 4.2 has no
+index key size limit, so the longest names fit.
 
 Values are the codec's JSON text, so every JSON value round-trips exactly: integers
 beyond 64 bits, ``$``, ``.`` and empty field names, NUL characters, deep nesting.
@@ -24,29 +30,33 @@ Expiry: ``e`` is a wall-clock BSON date (millisecond precision), so every proces
 agrees; a put without TTL writes no ``e``, clearing an earlier expiry. A TTL index
 (``expireAfterSeconds=0``) lets the server reclaim expired documents (MongoDB's monitor
 runs about once a minute); until then every read treats them as absent, and ``cull()``
-deletes them at once. Indexes are created lazily by the first operation of each store
-object; creating an existing index is a no-op on the server, so processes that start
-together are safe.
+deletes them at once. The TTL index is sparse, so entries without expiry cost it nothing.
+It is created lazily by the first operation of each store object; creating an existing
+index is a no-op on the server, so processes that start together are safe.
 
 Bulk calls: ``get_many``/``ttl_many`` are one ``find`` with ``$in``, ``put_many`` one
 unordered ``bulk_write`` of upserting replaces, ``delete_many`` one ``delete_many``,
-each per chunk of :data:`CHUNK_SIZE` keys (a 10,000-key call is 10 round trips, and every
-command stays far below MongoDB's 16 MB command size). ``put_many`` is not atomic: a
-failure may leave part of a batch written.
+each per chunk of ``chunk_size`` keys (default :data:`DEFAULT_CHUNK_SIZE`). A 100-key
+call is one round trip, every command stays far below MongoDB's 16 MB limit whatever the
+names, and no command runs long enough to meet the socket timeout, even on servers that
+match each document against the whole ``$in`` list (SecantusDB: O(chunk_size ** 2) per
+command); raise ``chunk_size`` for huge batches over slow links. ``put_many`` is not
+atomic: a failure may leave part of a batch written.
 
 Connections: ``MongoDBStore("mongodb://host:27017/db")`` (also ``mongodb+srv://``)
 creates an ``AsyncMongoClient`` that connects on first use and is closed by
 ``aclose()``; ``timeout`` (seconds, default 5) sets its ``serverSelectionTimeoutMS``,
 ``connectTimeoutMS`` and ``socketTimeoutMS`` (overriding the same URL options), so an
-unreachable server raises StoreConnectionError within about that time (twice it at most,
-when pymongo retries an interrupted operation once). Other URL query options go to pymongo.
+unreachable server raises StoreConnectionError within about that time (a small multiple
+of it when pymongo retries an interrupted operation once). Other URL query options go to
+pymongo.
 Alternatively pass a client you own: a ``pymongo.AsyncMongoClient`` or a motor
 ``AsyncIOMotorClient``; the store never closes it and its own timeouts apply. Reads
 always go to the primary, so every store object sees every write at once.
 
 Options: ``database`` (default: the URL's database, else ``"kvstores"``), ``collection``,
-``timeout``, ``default_collection``. ``destroy()`` empties the store's own MongoDB
-collection and never touches anything else in the database.
+``timeout``, ``chunk_size``, ``default_collection``. ``destroy()`` empties the store's own
+MongoDB collection and never touches anything else in the database.
 """
 
 from __future__ import annotations
@@ -58,7 +68,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
 from kvstores.base import DEFAULT_COLLECTION, BaseStore
 from kvstores.errors import DeserializationError, KVStoreError, StoreConnectionError
@@ -72,7 +81,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("pymongo", "mongodb") from exc
 
-__all__ = ["CHUNK_SIZE", "DEFAULT_DATABASE", "DEFAULT_MONGO_COLLECTION", "MongoDBStore"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "DEFAULT_DATABASE", "DEFAULT_MONGO_COLLECTION", "MongoDBStore"]
 
 DEFAULT_DATABASE = "kvstores"
 """Database used when neither the URL nor the ``database`` option names one."""
@@ -80,16 +89,13 @@ DEFAULT_DATABASE = "kvstores"
 DEFAULT_MONGO_COLLECTION = "kvstores"
 """MongoDB collection holding every entry, unless the ``collection`` option names another."""
 
-CHUNK_SIZE = 1000
-"""Keys per bulk command: at most ~8 MB of ``_id`` values even with the longest names."""
+DEFAULT_CHUNK_SIZE = 100
+"""Keys per bulk command (a 10,000-key call is 100 commands)."""
 
 # Expiry dates are read as integer milliseconds (bson.DatetimeMS): cheaper than datetime
 # objects and independent of the tz_aware setting of a client the user passes in.
 _CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(datetime_conversion=DatetimeConversion.DATETIME_MS)
-_INDEXES = [
-    IndexModel("e", name="kvstores_expiry", expireAfterSeconds=0),
-    IndexModel("_id.c", name="kvstores_collection"),
-]
+_INDEXES = [IndexModel("e", name="kvstores_expiry", expireAfterSeconds=0, sparse=True)]
 
 
 @contextmanager
@@ -106,22 +112,49 @@ def _translated() -> Iterator[None]:
         raise KVStoreError(f"MongoDB: {exc}") from exc
 
 
+def _prefix(collection: str) -> str:
+    """The start of the ``_id`` of every entry of ``collection``: its length says where the name ends."""
+    return f"{len(collection)}:{collection}"
+
+
+def _in_collection(collection: str) -> dict[str, Any]:
+    """Filter matching every ``_id`` of ``collection``: those starting with its prefix."""
+    prefix = _prefix(collection)
+    # the least string above every string that starts with prefix (UTF-8 order is code point order)
+    stem, last = prefix[:-1], ord(prefix[-1]) + 1
+    while last > 0x10FFFF:  # no code point above the last character: carry into the one before
+        stem, last = stem[:-1], ord(stem[-1]) + 1
+    after = stem + chr(0xE000 if last == 0xD800 else last)  # surrogates never occur in str keys
+    return {"_id": {"$gte": prefix, "$lt": after}}
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _expiry(ttl: float | None) -> DatetimeMS | None:
+    """The wall-clock expiry of an entry written now: never later than ``ttl`` from now, and
+    less than a millisecond earlier (at least the next millisecond, for tiny TTLs)."""
+    if ttl is None:
+        return None
+    now_ms = time.time() * 1000
+    return DatetimeMS(max(int(now_ms + ttl * 1000), int(now_ms) + 1))
+
+
 def _live(now_ms: int) -> dict[str, Any]:
-    """Filter matching documents that never expire or have not expired at ``now_ms``."""
-    return {"$or": [{"e": None}, {"e": {"$gt": DatetimeMS(now_ms)}}]}
+    """Filter clause matching documents without expiry or not expired at ``now_ms``.
+
+    ``$not``/``$lte`` rather than ``$or`` of "absent" and ``$gt``: a top-level ``$or``
+    keeps SecantusDB from using any index for the rest of the filter.
+    """
+    return {"e": {"$not": {"$lte": DatetimeMS(now_ms)}}}
 
 
-def _ids(collection: str, keys: Sequence[str]) -> list[dict[str, str]]:
-    return [{"c": collection, "k": key} for key in keys]
-
-
-def _chunks(keys: Sequence[str]) -> Iterator[Sequence[str]]:
-    for start in range(0, len(keys), CHUNK_SIZE):
-        yield keys[start : start + CHUNK_SIZE]
+def _document(collection: str, text: str, expiry: DatetimeMS | None) -> dict[str, Any]:
+    """A document to store; without expiry it has no ``e`` field, so a replace clears the old one."""
+    if expiry is None:
+        return {"c": collection, "v": text}
+    return {"c": collection, "v": text, "e": expiry}
 
 
 def _text(document: dict[str, Any], now_ms: int) -> str | None:
@@ -154,6 +187,7 @@ class MongoDBStore(BaseStore):
         database: str | None = None,
         collection: str = DEFAULT_MONGO_COLLECTION,
         timeout: float = 5.0,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
         default_collection: str = DEFAULT_COLLECTION,
     ) -> None:
         """Open a store on ``client``: a MongoDB URL, an ``AsyncMongoClient`` or an ``AsyncIOMotorClient``."""
@@ -162,6 +196,8 @@ class MongoDBStore(BaseStore):
             raise TypeError(
                 "MongoDBStore needs an async client: pymongo.AsyncMongoClient or motor's AsyncIOMotorClient"
             )
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self._owns_client = isinstance(client, str)
         if isinstance(client, str):
             milliseconds = int(timeout * 1000)
@@ -173,8 +209,9 @@ class MongoDBStore(BaseStore):
                 appname="kvstores",
             )
         self._client: Any = client
+        self._chunk_size = chunk_size
         db = client.get_default_database(DEFAULT_DATABASE) if database is None else client.get_database(database)
-        # Any: the collection is pymongo's AsyncCollection or motor's untyped equivalent
+        # Any: pymongo's AsyncCollection or motor's AsyncIOMotorCollection
         self._entries: Any = db.get_collection(
             collection, codec_options=_CODEC_OPTIONS, read_preference=ReadPreference.PRIMARY
         )
@@ -213,87 +250,96 @@ class MongoDBStore(BaseStore):
             with _translated():
                 await self._client.close()
 
+    # -- helpers ---------------------------------------------------------------------
+
+    def _chunks(self, items: Sequence[Any]) -> Iterator[Sequence[Any]]:
+        size = self._chunk_size
+        for start in range(0, len(items), size):
+            yield items[start : start + size]
+
+    async def _find(self, collection: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Fetched documents by ``_id`` (expired ones included: callers filter)."""
+        entries = await self._ready()
+        prefix = _prefix(collection)
+        found: dict[str, dict[str, Any]] = {}
+        with _translated():
+            for chunk in self._chunks(keys):
+                query = {"_id": {"$in": [prefix + key for key in chunk]}}
+                for document in await entries.find(query).to_list(None):
+                    found[document["_id"]] = document
+        return found
+
     # -- primitives ------------------------------------------------------------------
 
-    def _document(self, text: str, ttl: float | None) -> dict[str, Any]:
-        if ttl is None:
-            return {"v": text}
-        return {"v": text, "e": DatetimeMS(_now_ms() + ttl_milliseconds(ttl))}
-
     async def _get(self, collection: str, key: str) -> str | None:
-        entries = self._entries if self._indexed else await self._ready()
+        entries = await self._ready()
         with _translated():
-            document = await entries.find_one({"_id": {"c": collection, "k": key}})
+            document = await entries.find_one({"_id": _prefix(collection) + key})
         return None if document is None else _text(document, _now_ms())
 
     async def _ttl(self, collection: str, key: str) -> tuple[str | None, float | None]:
-        entries = self._entries if self._indexed else await self._ready()
-        with _translated():
-            document = await entries.find_one({"_id": {"c": collection, "k": key}})
-        return _row(document, _now_ms())
-
-    async def _find(self, collection: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """Fetched documents by key (expired ones included: callers filter)."""
         entries = await self._ready()
-        found: dict[str, dict[str, Any]] = {}
         with _translated():
-            for chunk in _chunks(keys):
-                for document in await entries.find({"_id": {"$in": _ids(collection, chunk)}}).to_list(None):
-                    found[document["_id"]["k"]] = document
-        return found
+            document = await entries.find_one({"_id": _prefix(collection) + key})
+        return _row(document, _now_ms())
 
     async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
         found = await self._find(collection, keys)
-        now_ms = _now_ms()
-        return [_text(found[key], now_ms) if key in found else None for key in keys]
+        prefix, now_ms = _prefix(collection), _now_ms()
+        return [None if (document := found.get(prefix + key)) is None else _text(document, now_ms) for key in keys]
 
     async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[str | None, float | None]]:
         found = await self._find(collection, keys)
-        now_ms = _now_ms()
-        return [_row(found.get(key), now_ms) for key in keys]
+        prefix, now_ms = _prefix(collection), _now_ms()
+        return [_row(found.get(prefix + key), now_ms) for key in keys]
 
     async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
-        entries = self._entries if self._indexed else await self._ready()
+        entries = await self._ready()
         with _translated():
-            await entries.replace_one({"_id": {"c": collection, "k": key}}, self._document(text, ttl), upsert=True)
+            await entries.replace_one(
+                {"_id": _prefix(collection) + key}, _document(collection, text, _expiry(ttl)), upsert=True
+            )
 
     async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
         entries = await self._ready()
+        prefix, expiry = _prefix(collection), _expiry(ttl)
+        requests = [
+            ReplaceOne({"_id": prefix + key}, _document(collection, text, expiry), upsert=True)
+            for key, text in zip(keys, texts)
+        ]
         with _translated():
-            for start in range(0, len(keys), CHUNK_SIZE):
-                requests = [
-                    ReplaceOne({"_id": {"c": collection, "k": key}}, self._document(text, ttl), upsert=True)
-                    for key, text in zip(keys[start : start + CHUNK_SIZE], texts[start : start + CHUNK_SIZE])
-                ]
-                await entries.bulk_write(requests, ordered=False)
+            for chunk in self._chunks(requests):
+                await entries.bulk_write(chunk, ordered=False)
 
     async def _delete(self, collection: str, key: str) -> bool:
         entries = await self._ready()
         with _translated():
-            result = await entries.delete_one({"_id": {"c": collection, "k": key}, **_live(_now_ms())})
+            result = await entries.delete_one({"_id": _prefix(collection) + key, **_live(_now_ms())})
         return bool(result.deleted_count)
 
     async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
         entries = await self._ready()
+        prefix = _prefix(collection)
         deleted = 0
         with _translated():
-            for chunk in _chunks(keys):
-                result = await entries.delete_many({"_id": {"$in": _ids(collection, chunk)}, **_live(_now_ms())})
-                deleted += result.deleted_count
+            for chunk in self._chunks(keys):
+                query = {"_id": {"$in": [prefix + key for key in chunk]}, **_live(_now_ms())}
+                deleted += (await entries.delete_many(query)).deleted_count
         return deleted
 
     async def _keys(self, collection: str, limit: int | None) -> list[str]:
         entries = await self._ready()
         with _translated():
-            cursor = entries.find({"_id.c": collection, **_live(_now_ms())}, {"_id": 1}).limit(limit or 0)
+            cursor = entries.find({**_in_collection(collection), **_live(_now_ms())}, {"_id": 1}).limit(limit or 0)
             documents = await cursor.to_list(None)
-        return [document["_id"]["k"] for document in documents]
+        start = len(_prefix(collection))
+        return [document["_id"][start:] for document in documents]
 
     async def _collections(self, limit: int | None) -> list[str]:
         entries = await self._ready()
         pipeline: list[dict[str, Any]] = [
             {"$match": _live(_now_ms())},
-            {"$group": {"_id": "$_id.c"}},
+            {"$group": {"_id": "$c"}},
             {"$sort": {"_id": 1}},
         ]
         if limit is not None:
@@ -313,7 +359,7 @@ class MongoDBStore(BaseStore):
         return bool(live.deleted_count)
 
     async def _destroy_collection(self, collection: str) -> bool:
-        return await self._destroy_where({"_id.c": collection})
+        return await self._destroy_where(_in_collection(collection))
 
     async def _destroy(self) -> bool:
         return await self._destroy_where({})

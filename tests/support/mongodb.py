@@ -16,6 +16,9 @@ import sys
 import tempfile
 from typing import IO, Any
 
+from pymongo import MongoClient
+from pymongo.uri_parser import parse_uri
+
 from kvstores.backends.mongodb import MongoDBStore
 from tests.support import Backend, Unavailable
 
@@ -90,6 +93,29 @@ class SecantusServer:
             self._log = None
 
 
+class _Shared:
+    """The session's one SecantusDB, shared by both backends: the first starts it, the last stops it."""
+
+    server: SecantusServer | None = None
+    users = 0
+
+
+def _acquire_secantus() -> SecantusServer:
+    if _Shared.server is None:
+        server = SecantusServer()
+        server.start()
+        _Shared.server = server
+    _Shared.users += 1
+    return _Shared.server
+
+
+def _release_secantus() -> None:
+    _Shared.users -= 1
+    if _Shared.users == 0 and _Shared.server is not None:
+        _Shared.server.stop()
+        _Shared.server = None
+
+
 class MongoDBBackend(Backend):
     """MongoDBStore from a URL: it creates and closes its own pymongo AsyncMongoClient."""
 
@@ -100,66 +126,51 @@ class MongoDBBackend(Backend):
         self.created: set[str] = set()
         url = os.environ.get(URL_VARIABLE)
         if url is None:
-            self.server = SecantusServer()
-            self.server.start()
+            self.server = _acquire_secantus()
             url = self.server.url
         self.url = url
+        self.database = str(parse_uri(url)["database"] or TEST_DATABASE)
 
     def stop(self) -> None:
         if self.server is not None:
-            self.server.stop()
+            _release_secantus()
         elif self.created:
             self._drop_created()
 
     def _drop_created(self) -> None:
-        from pymongo import MongoClient
-
-        with MongoClient(self.url, serverSelectionTimeoutMS=5000) as client:
-            database = client.get_default_database(TEST_DATABASE)
+        client: MongoClient[dict[str, Any]] = MongoClient(self.url, serverSelectionTimeoutMS=5000)
+        with client:
+            database = client[self.database]
             for name in self.created:
                 database.drop_collection(name)
 
     def options(self, namespace: str, options: dict[str, Any]) -> dict[str, Any]:
         """Store options isolating ``namespace``; explicit ``options`` win."""
         self.created.add(namespace)
-        return {"database": self._database(), "collection": namespace, **options}
-
-    def _database(self) -> str:
-        from pymongo.uri_parser import parse_uri
-
-        return str(parse_uri(self.url)["database"] or TEST_DATABASE)
+        return {"database": self.database, "collection": namespace, **options}
 
     async def open(self, namespace: str, **options: Any) -> MongoDBStore:
         return MongoDBStore(self.url, **self.options(namespace, options))
 
 
 class MotorBackend(MongoDBBackend):
-    """MongoDBStore on a motor AsyncIOMotorClient that the tests own (one per event loop)."""
+    """MongoDBStore on the session's one motor AsyncIOMotorClient, which the tests own."""
 
     name = "mongodb-motor"
 
     def start(self) -> None:
-        try:
-            import motor.motor_asyncio  # noqa: F401
-        except ImportError as exc:
-            raise Unavailable(f"motor is not installed: {exc}") from exc
-        super().start()
-        self.clients: dict[asyncio.AbstractEventLoop, Any] = {}
-
-    def stop(self) -> None:
-        self._close_clients()
-        super().stop()
-
-    def _close_clients(self) -> None:
-        while self.clients:
-            self.clients.popitem()[1].close()
-
-    async def open(self, namespace: str, **options: Any) -> MongoDBStore:
         from motor.motor_asyncio import AsyncIOMotorClient
 
-        loop = asyncio.get_running_loop()
-        if loop not in self.clients:
-            # a motor client is bound to one event loop: the clients of earlier (finished) loops go
-            self._close_clients()
-            self.clients[loop] = AsyncIOMotorClient(self.url, serverSelectionTimeoutMS=5000)
-        return MongoDBStore(self.clients[loop], **self.options(namespace, options))
+        super().start()
+        self.client: AsyncIOMotorClient[dict[str, Any]] = AsyncIOMotorClient(self.url, serverSelectionTimeoutMS=5000)
+
+    def stop(self) -> None:
+        self.client.close()
+        super().stop()
+
+    async def open(self, namespace: str, **options: Any) -> MongoDBStore:
+        # motor binds a client to the event loop of its first use and keeps no other per-loop
+        # state; each test runs in a new loop, so rebind the client rather than open one per test
+        # (a closed motor client's threads linger for half a second: the resource tests would see them)
+        self.client._io_loop = asyncio.get_running_loop()
+        return MongoDBStore(self.client, **self.options(namespace, options))
