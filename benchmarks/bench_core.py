@@ -17,14 +17,12 @@ import argparse
 import asyncio
 import json
 import platform
-import statistics
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
+from _interleave import Op, measure  # benchmarks/ is on sys.path when a script runs
 from key_value.aio.stores.memory import MemoryStore as PyKeyValueMemoryStore
 
 from kvstores import MemoryStore
@@ -32,23 +30,6 @@ from kvstores.backends.sqlite import SQLiteStore
 
 VALUE = {"value": "x" * 100}
 KEYS = [f"key-{i}" for i in range(1000)]
-Op = Callable[[int], Awaitable[Any]]
-
-
-async def measure(contenders: dict[str, Op], ops: int, rounds: int) -> dict[str, float]:
-    """Median ops/s of each contender over interleaved rounds."""
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
-    names = list(contenders)
-    for round_ in range(rounds + 1):  # round 0 warms up and is discarded
-        order = names[round_ % len(names) :] + names[: round_ % len(names)]
-        for name in order:
-            op = contenders[name]
-            start = time.perf_counter()
-            for i in range(ops):
-                await op(i)
-            if round_:
-                samples[name].append(ops / (time.perf_counter() - start))
-    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def dict_json_baseline() -> tuple[Op, Op]:
@@ -64,10 +45,15 @@ def dict_json_baseline() -> tuple[Op, Op]:
     return put, get
 
 
+async def rates(contenders: dict[str, Op], ops: int, rounds: int) -> dict[str, float]:
+    """Median ops/s of each contender."""
+    return (await measure(contenders, ops, 1, rounds))[0]
+
+
 async def memory_scenarios(ops: int, rounds: int) -> dict[str, dict[str, float]]:
     ours, theirs = MemoryStore(), PyKeyValueMemoryStore()
     base_put, base_get = dict_json_baseline()
-    puts = await measure(
+    puts = await rates(
         {
             "kvstores": lambda i: ours.put(KEYS[i % 1000], VALUE),
             "py-key-value": lambda i: theirs.put(KEYS[i % 1000], VALUE),
@@ -76,7 +62,7 @@ async def memory_scenarios(ops: int, rounds: int) -> dict[str, dict[str, float]]
         ops,
         rounds,
     )
-    gets = await measure(
+    gets = await rates(
         {
             "kvstores": lambda i: ours.get(KEYS[i % 1000]),
             "py-key-value": lambda i: theirs.get(KEYS[i % 1000]),
@@ -105,7 +91,7 @@ async def sqlite_scenarios(ops: int, rounds: int, folder: Path) -> dict[str, dic
         return [json.loads(row[0]) for row in rows]
 
     try:
-        gets = await measure(
+        gets = await rates(
             {
                 "kvstores": lambda i: store.get(KEYS[i % 1000]),
                 "aiosqlite": raw_get,

@@ -32,17 +32,16 @@ import json
 import os
 import platform
 import socket
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import pymongo
+from _interleave import Op, measure  # benchmarks/ is on sys.path when a script runs
 from pymongo import AsyncMongoClient, MongoClient, ReplaceOne
 
 from kvstores.backends.mongodb import MongoDBStore
@@ -53,7 +52,6 @@ BATCH = 100
 BATCHES = [KEYS[start : start + BATCH] for start in range(0, len(KEYS), BATCH)]
 DATABASE = "kvstores_bench"
 COLLECTIONS = {"kvstores": "kvstores", "raw": "raw"}  # one MongoDB collection per contender
-Op = Callable[[int], Awaitable[Any]]
 TARGETS = {"vs raw: get, put": 0.85, "vs raw: get_many, put_many": 0.85}
 
 Figures = dict[str, dict[str, float]]  # op -> contender -> number
@@ -78,30 +76,6 @@ def secantus_server() -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=30)
-
-
-async def measure(
-    contenders: dict[str, Op], calls: int, items_per_call: int, rounds: int
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Median items/s, and median client CPU microseconds per item, of each contender."""
-    rates: dict[str, list[float]] = {name: [] for name in contenders}
-    cpu: dict[str, list[float]] = {name: [] for name in contenders}
-    names = list(contenders)
-    for round_ in range(rounds + 1):  # round 0 warms up and is discarded
-        order = names[round_ % len(names) :] + names[: round_ % len(names)]
-        for name in order:
-            op = contenders[name]
-            start, start_cpu = time.perf_counter(), time.process_time()
-            for i in range(calls):
-                await op(i)
-            if round_:
-                items = calls * items_per_call
-                rates[name].append(items / (time.perf_counter() - start))
-                cpu[name].append((time.process_time() - start_cpu) * 1e6 / items)
-    return (
-        {name: statistics.median(values) for name, values in rates.items()},
-        {name: statistics.median(values) for name, values in cpu.items()},
-    )
 
 
 def raw_ops(collection: Any) -> dict[str, Op]:

@@ -22,13 +22,11 @@ import asyncio
 import json
 import os
 import platform
-import statistics
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import redis
+from _interleave import Op, measure  # benchmarks/ is on sys.path when a script runs
 from key_value.aio.stores.redis import RedisStore as PyKeyValueRedisStore
 from redis.asyncio import Redis
 from redis.utils import HIREDIS_AVAILABLE
@@ -40,35 +38,10 @@ KEYS = [f"key-{i}" for i in range(1000)]
 BATCH = 100
 BATCHES = [KEYS[start : start + BATCH] for start in range(0, len(KEYS), BATCH)]
 PREFIX = "bench-kvstores"
-Op = Callable[[int], Awaitable[Any]]
 TARGETS = {"vs raw: get, put": 0.9, "vs raw: get_many, put_many": 0.7, "vs py-key-value: every op": 1.3}
 
 
 Figures = dict[str, dict[str, float]]  # op -> contender -> number
-
-
-async def measure(
-    contenders: dict[str, Op], calls: int, items_per_call: int, rounds: int
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Median items/s, and median client CPU microseconds per item, of each contender."""
-    rates: dict[str, list[float]] = {name: [] for name in contenders}
-    cpu: dict[str, list[float]] = {name: [] for name in contenders}
-    names = list(contenders)
-    for round_ in range(rounds + 1):  # round 0 warms up and is discarded
-        order = names[round_ % len(names) :] + names[: round_ % len(names)]
-        for name in order:
-            op = contenders[name]
-            start, start_cpu = time.perf_counter(), time.process_time()
-            for i in range(calls):
-                await op(i)
-            if round_:
-                items = calls * items_per_call
-                rates[name].append(items / (time.perf_counter() - start))
-                cpu[name].append((time.process_time() - start_cpu) * 1e6 / items)
-    return (
-        {name: statistics.median(values) for name, values in rates.items()},
-        {name: statistics.median(values) for name, values in cpu.items()},
-    )
 
 
 def raw_ops(client: Redis) -> dict[str, Op]:

@@ -1,0 +1,39 @@
+"""The measuring loop the standalone benchmark scripts share.
+
+Contenders run interleaved (round-robin, the order rotated every round) so that machine
+noise hits all of them alike; round 0 warms up and is discarded; each figure is a median.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+Op = Callable[[int], Awaitable[Any]]
+"""One operation: called with the iteration number."""
+
+
+async def measure(
+    contenders: dict[str, Op], calls: int, items_per_call: int, rounds: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Median items/s, and median client CPU microseconds per item, of each contender."""
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for round_ in range(rounds + 1):  # round 0 warms up and is discarded
+        order = names[round_ % len(names) :] + names[: round_ % len(names)]
+        for name in order:
+            op = contenders[name]
+            start, start_cpu = time.perf_counter(), time.process_time()
+            for i in range(calls):
+                await op(i)
+            if round_:
+                items = calls * items_per_call
+                rates[name].append(items / (time.perf_counter() - start))
+                cpu[name].append((time.process_time() - start_cpu) * 1e6 / items)
+    return (
+        {name: statistics.median(values) for name, values in rates.items()},
+        {name: statistics.median(values) for name, values in cpu.items()},
+    )
