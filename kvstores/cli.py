@@ -2,6 +2,7 @@
 
 ``kvstores demo [--store URL]`` shows FastMCP session state on a persistent store:
 isolation, expiry and persistence across a server restart (see kvstores.demo).
+``kvstores bench [TARGET ...] [--compare] [--quick]`` measures stores (see kvstores.bench).
 
 ``kvstores check TARGET [--suite kv|events|fastmcp]`` runs a suite through pytest against TARGET (a store
 URL such as ``sqlite:///scratch.db`` or ``package.module:factory``) and prints a summary
@@ -92,11 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     check_parser.add_argument("--suite", choices=sorted(SUITES), default="kv")
     check_parser.add_argument("-v", "--verbose", action="store_true", help="list every test")
     commands.add_parser("demo", help="FastMCP session state on a persistent store", add_help=False)
+    commands.add_parser("bench", help="benchmark stores against raw drivers and py-key-value", add_help=False)
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["demo"]:
         from kvstores import demo
 
         return demo.main(args[1:])
+    if args[:1] == ["bench"]:
+        from kvstores import bench
+
+        return bench.main(args[1:])
     options = parser.parse_args(args)
     return check(options.target, options.suite, options.verbose)
 

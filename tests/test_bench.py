@@ -55,7 +55,7 @@ def test_quick_compare_on_memory(tmp_path: Path) -> None:
         assert set(row["ratios"]) == {"dict+json", "py-key-value"}
         assert all(ratio > 0 for ratio in row["ratios"].values())
     labels = {target["target"] for target in document["targets"]}
-    assert "MemoryStore vs py-key-value MemoryStore" in labels
+    assert "MemoryStore vs py-key-value MemoryStore, 100 B" in labels
     assert all(isinstance(target["met"], bool) for target in document["targets"])
 
 
@@ -63,7 +63,7 @@ def test_quick_default_targets_with_events(tmp_path: Path) -> None:
     pytest.importorskip("mcp")
     document = _bench(cwd=tmp_path)
     rows = document["rows"]
-    assert {row["target"] for row in rows} == {"memory", "sqlite"}
+    assert {row["target"] for row in rows} == {"memory://", "sqlite (temporary file)"}
     kv = [row for row in rows if row["group"] == "kv" and "skipped" not in row]
     assert {row["operation"] for row in kv if row["backend"] == "sqlite"} == set(KV_OPERATIONS)
     for row in kv:

@@ -139,8 +139,8 @@ class MemoryStore(BaseStore):
         now = monotonic()
         deleted = 0
         for key in keys:
-            if self._live(collection, key, now) is not None:
-                del self._cache[collection, key]
+            entry = self._cache.pop((collection, key), None)
+            if entry is not None and (entry[1] is None or entry[1] > now):
                 deleted += 1
         return deleted
 

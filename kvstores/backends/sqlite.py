@@ -76,7 +76,11 @@ def _in_list(count: int) -> str:
 
 
 async def _on_thread(db: aiosqlite.Connection, work: Work[T]) -> T:
-    """Run ``work`` on ``db``'s thread in one hop, through aiosqlite's own (long-stable) queue."""
+    """Run ``work`` on ``db``'s thread in one hop, through aiosqlite's own (long-stable) queue.
+
+    ``work`` must not return a cursor: one finalized on the event loop's thread while the
+    connection's thread runs the next statement is an SQLite API misuse.
+    """
     result: T = await db._execute(work, db._conn)  # type: ignore[no-untyped-call]
     return result
 
@@ -242,12 +246,12 @@ class SQLiteStore(BaseStore):
 
     async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
         row = (collection, key, text, None if ttl is None else time.time() + ttl)
-        await self._write(lambda conn: conn.execute(_UPSERT, row))
+        await self._write(lambda conn: conn.execute(_UPSERT, row).close())
 
     async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
         expires_at = None if ttl is None else time.time() + ttl
         rows = [(collection, key, text, expires_at) for key, text in zip(keys, texts)]
-        await self._write(lambda conn: conn.executemany(_UPSERT, rows))
+        await self._write(lambda conn: conn.executemany(_UPSERT, rows).close())
 
     async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
         return await self._write(partial(_delete_live, collection, keys))

@@ -268,7 +268,7 @@ class RedisAsyncStore:
 
 
 class PymongoStore:
-    """Raw pymongo async: one document per entry, the value as a native sub-document."""
+    """Raw pymongo async: one document per entry, ``_id`` the string ``collection:key``, the value native."""
 
     def __init__(self, url: str) -> None:
         from pymongo import AsyncMongoClient
@@ -278,7 +278,7 @@ class PymongoStore:
 
     async def get(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
         """The value of ``key``, or None."""
-        document = await self._entries.find_one({"_id": {"c": collection, "k": key}})
+        document = await self._entries.find_one({"_id": f"{collection}:{key}"})
         return None if document is None or self._expired(document) else document["v"]
 
     @staticmethod
@@ -287,7 +287,7 @@ class PymongoStore:
 
     async def ttl(self, key: str, *, collection: str | None = None) -> tuple[dict[str, Any] | None, float | None]:
         """The value and remaining seconds of ``key``."""
-        document = await self._entries.find_one({"_id": {"c": collection, "k": key}})
+        document = await self._entries.find_one({"_id": f"{collection}:{key}"})
         if document is None or self._expired(document):
             return None, None
         return document["v"], document["e"] - time.time() if "e" in document else None
@@ -300,13 +300,13 @@ class PymongoStore:
         self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: float | None = None
     ) -> None:
         """Store ``value`` (one upserting replace)."""
-        await self._entries.replace_one({"_id": {"c": collection, "k": key}}, self._document(value, ttl), upsert=True)
+        await self._entries.replace_one({"_id": f"{collection}:{key}"}, self._document(value, ttl), upsert=True)
 
     async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[dict[str, Any] | None]:
         """The values of ``keys`` (one find with $in)."""
-        documents = await self._entries.find({"_id": {"$in": [{"c": collection, "k": key} for key in keys]}}).to_list()
-        found = {document["_id"]["k"]: document for document in documents if not self._expired(document)}
-        return [found[key]["v"] if key in found else None for key in keys]
+        documents = await self._entries.find({"_id": {"$in": [f"{collection}:{key}" for key in keys]}}).to_list()
+        found = {document["_id"]: document for document in documents if not self._expired(document)}
+        return [found[f"{collection}:{key}"]["v"] if f"{collection}:{key}" in found else None for key in keys]
 
     async def put_many(
         self,
@@ -321,7 +321,7 @@ class PymongoStore:
 
         await self._entries.bulk_write(
             [
-                ReplaceOne({"_id": {"c": collection, "k": key}}, self._document(value, ttl), upsert=True)
+                ReplaceOne({"_id": f"{collection}:{key}"}, self._document(value, ttl), upsert=True)
                 for key, value in zip(keys, values)
             ],
             ordered=False,
@@ -329,7 +329,7 @@ class PymongoStore:
 
     async def delete_many(self, keys: Sequence[str], *, collection: str | None = None) -> int:
         """Delete ``keys`` (one delete_many with $in); return how many existed."""
-        result = await self._entries.delete_many({"_id": {"$in": [{"c": collection, "k": key} for key in keys]}})
+        result = await self._entries.delete_many({"_id": {"$in": [f"{collection}:{key}" for key in keys]}})
         return int(result.deleted_count)
 
     async def aclose(self) -> None:

@@ -19,6 +19,8 @@ from typing import Any
 
 __all__ = ["RowSkipped", "Scenario", "Settings", "Stats", "measure"]
 
+_REFILL_LIMIT = 4  # a refill may take this many times max_batch_seconds
+
 Op = Callable[[Any, int], Awaitable[object]]
 """One call of a scenario: ``op(subject, index)``; indices are distinct within a batch."""
 
@@ -30,7 +32,8 @@ class Settings:
     rounds: int
     slice_seconds: float
     max_batch_seconds: float
-    """A row whose smallest batch (one call per task) takes longer is skipped."""
+    """A row whose smallest batch (one call per task) takes longer is skipped, as is one whose
+    refill takes over four times as long."""
 
 
 class RowSkipped(Exception):
@@ -78,20 +81,32 @@ async def _worker(op: Op, subject: Any, indices: range, latencies: list[float]) 
         latencies.append(clock() - start)
 
 
-async def _batch(scenario: Scenario, subject: Any, calls: int) -> tuple[float, list[float]]:
+async def _batch(scenario: Scenario, subject: Any, calls: int, settings: Settings) -> tuple[float, list[float]]:
     """Run ``calls`` calls over the scenario's concurrent tasks; return (elapsed, latencies)."""
     tasks = scenario.concurrency
     per_task = -(-calls // tasks)
     if scenario.refill is not None:
-        await scenario.refill(subject, per_task * tasks)
+        limit = _REFILL_LIMIT * settings.max_batch_seconds
+        try:
+            await asyncio.wait_for(scenario.refill(subject, per_task * tasks), limit)
+        except asyncio.TimeoutError:
+            raise RowSkipped(f"writing the data for {per_task * tasks} calls took over {limit:g} s") from None
     latencies: list[float] = []
     start = perf_counter()
     if tasks == 1:
         await _worker(scenario.op, subject, range(per_task), latencies)
     else:
-        await asyncio.gather(
-            *(_worker(scenario.op, subject, range(t * per_task, (t + 1) * per_task), latencies) for t in range(tasks))
-        )
+        workers = [
+            asyncio.ensure_future(_worker(scenario.op, subject, range(t * per_task, (t + 1) * per_task), latencies))
+            for t in range(tasks)
+        ]
+        try:
+            await asyncio.gather(*workers)
+        except BaseException:
+            for worker in workers:  # no straggler may outlive a failed batch
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            raise
     return perf_counter() - start, latencies
 
 
@@ -100,7 +115,7 @@ async def _calibrate(scenario: Scenario, subject: Any, settings: Settings) -> in
     calls = scenario.concurrency
     slice_seconds = settings.slice_seconds
     while True:
-        elapsed, _ = await _batch(scenario, subject, calls)
+        elapsed, _ = await _batch(scenario, subject, calls, settings)
         if elapsed > settings.max_batch_seconds:
             raise RowSkipped(f"{calls} calls took {elapsed:.1f} s (limit {settings.max_batch_seconds:g} s)")
         if elapsed >= slice_seconds / 4 or calls >= scenario.max_calls:
@@ -128,7 +143,7 @@ async def measure(
     for round_ in range(settings.rounds + 1):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
-            elapsed, samples = await _batch(scenario, subjects[name], calls[name])
+            elapsed, samples = await _batch(scenario, subjects[name], calls[name], settings)
             if round_:
                 rates[name].append(len(samples) / elapsed)
                 latencies[name].extend(samples)

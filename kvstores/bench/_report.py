@@ -24,6 +24,8 @@ class Target:
     """Operations (for events: the suffix after the event store's name) the target covers."""
     baseline: str
     minimum: float
+    value_bytes: int | None = None
+    """Only rows of this value size (None: every size)."""
 
     def matches(self, row: dict[str, Any]) -> bool:
         """True if ``row`` counts towards this target."""
@@ -31,12 +33,14 @@ class Target:
         return (
             (self.backend is None or row["backend"] == self.backend)
             and operation in self.operations
+            and (self.value_bytes is None or row["value_bytes"] == self.value_bytes)
             and self.baseline in row.get("ratios", {})
         )
 
 
 TARGETS = (
-    Target("MemoryStore vs py-key-value MemoryStore", "memory", KV_OPERATIONS, "py-key-value", 10.0),
+    Target("MemoryStore vs py-key-value MemoryStore, 100 B", "memory", KV_OPERATIONS, "py-key-value", 10.0, 100),
+    Target("MemoryStore vs py-key-value MemoryStore, all sizes", "memory", KV_OPERATIONS, "py-key-value", 10.0),
     Target("MemoryStore vs dict+json (within 2x)", "memory", KV_OPERATIONS, "dict+json", 0.5),
     Target("SQLiteStore get vs raw aiosqlite", "sqlite", ("get",), "aiosqlite", 0.8),
     Target("RedisStore single-key ops vs raw redis.asyncio", "redis", SINGLE_OPERATIONS, "redis.asyncio", 0.9),
@@ -173,6 +177,7 @@ def _bars(plt: Any, rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def _lines(plt: Any, rows: list[dict[str, Any]], axis_name: str, metric: str, title: str, path: Path) -> None:
+    rows = [row for row in rows if "skipped" not in row]
     figure, axis = plt.subplots(figsize=(8, 5))
     for series in dict.fromkeys((row["target"], row["operation"]) for row in rows):
         points = sorted((row[axis_name], row[metric]) for row in rows if (row["target"], row["operation"]) == series)

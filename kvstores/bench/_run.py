@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 from dataclasses import dataclass, field
@@ -53,11 +54,8 @@ class Progress:
         """One round of one contender is done."""
 
 
-async def _row(
-    target: str, backend: str, group: str, scenario: Scenario, subjects: dict[str, Any], plan: Plan, progress: Progress
-) -> dict[str, Any]:
-    """Measure one scenario; the row holds each contender's figures and ours/baseline ratios."""
-    row = {
+def _describe(target: str, backend: str, group: str, scenario: Scenario) -> dict[str, Any]:
+    return {
         "target": target,
         "backend": backend,
         "group": group,
@@ -65,10 +63,19 @@ async def _row(
         "value_bytes": scenario.value_bytes,
         "concurrency": scenario.concurrency,
     }
+
+
+async def _row(
+    target: str, backend: str, group: str, scenario: Scenario, subjects: dict[str, Any], plan: Plan, progress: Progress
+) -> dict[str, Any]:
+    """Measure one scenario; the row holds each contender's figures and ours/baseline ratios."""
+    row = _describe(target, backend, group, scenario)
     try:
         stats = await measure(scenario, subjects, plan.settings, progress.tick)
     except RowSkipped as exc:
         return {**row, "skipped": str(exc)}
+    except Exception as exc:  # e.g. a server that cannot keep up with 64 tasks within its timeout
+        return {**row, "skipped": f"failed: {type(exc).__name__}: {exc}"}
     ours = stats["kvstores"].ops_per_second
     return {
         **row,
@@ -89,25 +96,27 @@ async def _populate(
 
 
 async def _close(store: Any) -> None:
-    """Remove what the benchmark wrote through a baseline (best effort), then close it."""
-    try:
-        await _clean(store)
-    except Exception as exc:  # a baseline's clean-up failing must not hide the run's own error
-        print(f"kvstores bench: could not clean up {type(store).__name__}: {exc!r}", file=sys.stderr)
+    """Remove what the benchmark wrote through ``store`` (best effort), then close it."""
+    for collection in (COLLECTION, EVENT_COLLECTION, SCALE_COLLECTION, *_FASTMCP_COLLECTIONS):
+        try:
+            await _clean(store, collection)
+        except KeyError:
+            pass  # py-key-value's MongoDBStore cannot destroy a collection it never opened
+        except Exception as exc:  # a failed clean-up must not hide the run's results or its own error
+            print(f"kvstores bench: could not clean up {type(store).__name__}: {exc!r}", file=sys.stderr)
     closer = getattr(store, "aclose", None) or getattr(store, "close", None)
     if closer is not None:
         await closer()
 
 
-async def _clean(store: Any) -> None:
-    for collection in (COLLECTION, *_FASTMCP_COLLECTIONS):
-        if hasattr(store, "destroy_collection"):
-            await store.destroy_collection(collection=collection)
-        elif hasattr(store, "keys"):  # py-key-value's RedisStore: enumerate, then delete
-            while keys := await store.keys(collection=collection):
-                await store.delete_many(keys, collection=collection)
-        elif collection == COLLECTION:
-            await store.delete_many(key_space(100), collection=collection)
+async def _clean(store: Any, collection: str) -> None:
+    if hasattr(store, "destroy_collection"):
+        await store.destroy_collection(collection=collection)
+    elif hasattr(store, "keys"):  # py-key-value's RedisStore: enumerate, then delete
+        while keys := await store.keys(collection=collection):
+            await store.delete_many(keys, collection=collection)
+    elif collection == COLLECTION:  # the raw baselines, which drop their own namespace on close
+        await store.delete_many(key_space(100), collection=collection)
 
 
 def _event_contenders(store: Any, kind: str, contenders: dict[str, Any], compare: bool) -> dict[str, dict[str, Any]]:
@@ -119,7 +128,7 @@ def _event_contenders(store: Any, kind: str, contenders: dict[str, Any], compare
     }
     if kind == "memory":
         groups["InMemoryEventStore"] = {"kvstores": InMemoryEventStore()}
-    if compare:
+    if compare and importlib.util.find_spec("fastmcp") is not None:
         from fastmcp.server.event_store import EventStore
 
         groups["StoreEventStore"]["fastmcp"] = EventStore(storage=store)
@@ -138,7 +147,11 @@ async def _event_rows(
         append, replay = event_scenarios(label)
         progress.start(f"{target} {label}", 2 * len(subjects) * (plan.settings.rounds + 1))
         rows.append(await _row(target, kind, "events", append, subjects, plan, progress))
-        replays = {name: await replay_subject(subject) for name, subject in subjects.items()}
+        try:
+            replays = {name: await replay_subject(subject) for name, subject in subjects.items()}
+        except Exception as exc:  # e.g. the backend failed while the stream was written
+            rows.append({**_describe(target, kind, "events", replay), "skipped": f"failed: {exc!r}"})
+            continue
         rows.append(await _row(target, kind, "events", replay, replays, plan, progress))
     return rows
 
@@ -148,9 +161,14 @@ async def _main_rows(
 ) -> list[dict[str, Any]]:
     rows = []
     for size in plan.value_sizes:
-        for store in contenders.values():
-            await _populate(store, key_space(size), value_of(size))
         scenarios = [scenario for tasks in plan.concurrencies for scenario in kv_scenarios(size, tasks)]
+        try:
+            for store in contenders.values():
+                await _populate(store, key_space(size), value_of(size))
+        except Exception as exc:  # the size's rows cannot run; the other sizes still may
+            failed = f"failed: writing the key space: {exc!r}"
+            rows += [{**_describe(target, kind, "kv", scenario), "skipped": failed} for scenario in scenarios]
+            continue
         progress.start(f"{target} {size:,} B", len(scenarios) * len(contenders) * (plan.settings.rounds + 1))
         for scenario in scenarios:
             rows.append(await _row(target, kind, "kv", scenario, contenders, plan, progress))
@@ -174,11 +192,15 @@ async def _sweep(
 ) -> list[dict[str, Any]]:
     rows = []
     for axis, point, scenario in scenarios:
+        row = {"target": target, "operation": scenario.operation, axis: point}
         try:
             stats = (await measure(scenario, {"kvstores": store}, plan.settings, progress.tick))["kvstores"]
-        except RowSkipped:
-            continue  # a sweep point too slow to measure is left out of the plot
-        rows.append({"target": target, "operation": scenario.operation, axis: point, **stats.as_json()})
+        except RowSkipped as exc:
+            rows.append({**row, "skipped": str(exc)})
+        except Exception as exc:  # e.g. a server that cannot serve 256 tasks within its timeout
+            rows.append({**row, "skipped": f"failed: {type(exc).__name__}: {exc}"})
+        else:
+            rows.append({**row, **stats.as_json()})
     return rows
 
 
@@ -215,9 +237,7 @@ async def _scaling(target: str, url: str, kind: str, plan: Plan, progress: Progr
         ]
         result["concurrency"] += await _sweep(target, store, scenarios, plan, progress)
     finally:
-        for collection in (SCALE_COLLECTION, COLLECTION):
-            await store.destroy_collection(collection)
-        await store.aclose()
+        await _close(store)
     return result
 
 
@@ -236,11 +256,12 @@ async def run_target(
         if plan.events:
             rows += await _event_rows(target, kind, store, contenders, plan, progress)
     finally:
-        for collection in (COLLECTION, EVENT_COLLECTION, *_FASTMCP_COLLECTIONS):
-            await store.destroy_collection(collection)
-        for name, contender in contenders.items():
-            if name != "kvstores":
-                await _close(contender)
-        await store.aclose()
-    scaling = await _scaling(target, url, kind, plan, progress) if plan.scaling else {}
+        for contender in contenders.values():
+            await _close(contender)
+    scaling: dict[str, Any] = {}
+    if plan.scaling:
+        try:
+            scaling = await _scaling(target, url, kind, plan, progress)
+        except Exception as exc:  # keep the rows measured so far
+            print(f"kvstores bench: {target}: scaling failed: {exc!r}", file=sys.stderr)
     return rows, scaling
