@@ -1,4 +1,4 @@
-"""The measuring loop the standalone benchmark scripts share.
+"""What the standalone benchmark scripts share: the data, the store calls, the measuring loop.
 
 Contenders run interleaved (round-robin, the order rotated every round) so that machine
 noise hits all of them alike; round 0 warms up and is discarded; each figure is a median.
@@ -13,6 +13,33 @@ from typing import Any
 
 Op = Callable[[int], Awaitable[Any]]
 """One operation: called with the iteration number."""
+
+Figures = dict[str, dict[str, float]]
+"""op -> contender -> number."""
+
+VALUE = {"value": "x" * 100}
+KEYS = [f"key-{i}" for i in range(1000)]
+BATCH = 100
+BATCHES = [KEYS[start : start + BATCH] for start in range(0, len(KEYS), BATCH)]
+
+
+def store_ops(store: Any) -> dict[str, Op]:
+    """get, put, get_many and put_many (of BATCH keys) on a key-value store (kvstores or py-key-value)."""
+
+    async def get(i: int) -> Any:
+        return await store.get(KEYS[i % 1000])
+
+    async def put(i: int) -> None:
+        await store.put(KEYS[i % 1000], VALUE)
+
+    async def get_many(i: int) -> Any:
+        return await store.get_many(BATCHES[i % len(BATCHES)])
+
+    async def put_many(i: int) -> None:
+        keys = BATCHES[i % len(BATCHES)]
+        await store.put_many(keys, [VALUE] * len(keys))
+
+    return {"get": get, "put": put, "get_many": get_many, "put_many": put_many}
 
 
 async def measure(

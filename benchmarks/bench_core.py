@@ -22,14 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
-from _interleave import Op, measure  # benchmarks/ is on sys.path when a script runs
+from _interleave import KEYS, VALUE, Op, measure  # benchmarks/ is on sys.path when a script runs
 from key_value.aio.stores.memory import MemoryStore as PyKeyValueMemoryStore
 
 from kvstores import MemoryStore
 from kvstores.backends.sqlite import SQLiteStore
-
-VALUE = {"value": "x" * 100}
-KEYS = [f"key-{i}" for i in range(1000)]
 
 
 def dict_json_baseline() -> tuple[Op, Op]:

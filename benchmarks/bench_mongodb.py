@@ -41,20 +41,23 @@ from pathlib import Path
 from typing import Any
 
 import pymongo
-from _interleave import Op, measure  # benchmarks/ is on sys.path when a script runs
+from _interleave import (  # benchmarks/ is on sys.path when a script runs
+    BATCH,
+    BATCHES,
+    KEYS,
+    VALUE,
+    Figures,
+    Op,
+    measure,
+    store_ops,
+)
 from pymongo import AsyncMongoClient, MongoClient, ReplaceOne
 
 from kvstores.backends.mongodb import MongoDBStore
 
-VALUE = {"value": "x" * 100}
-KEYS = [f"key-{i}" for i in range(1000)]
-BATCH = 100
-BATCHES = [KEYS[start : start + BATCH] for start in range(0, len(KEYS), BATCH)]
 DATABASE = "kvstores_bench"
 COLLECTIONS = {"kvstores": "kvstores", "raw": "raw"}  # one MongoDB collection per contender
 TARGETS = {"vs raw: get, put": 0.85, "vs raw: get_many, put_many": 0.85}
-
-Figures = dict[str, dict[str, float]]  # op -> contender -> number
 
 
 @contextmanager
@@ -102,25 +105,6 @@ def raw_ops(collection: Any) -> dict[str, Op]:
             for key in BATCHES[i % len(BATCHES)]
         ]
         await collection.bulk_write(requests, ordered=False)
-
-    return {"get": get, "put": put, "get_many": get_many, "put_many": put_many}
-
-
-def store_ops(store: MongoDBStore) -> dict[str, Op]:
-    """The same four calls on MongoDBStore."""
-
-    async def get(i: int) -> Any:
-        return await store.get(KEYS[i % 1000])
-
-    async def put(i: int) -> None:
-        await store.put(KEYS[i % 1000], VALUE)
-
-    async def get_many(i: int) -> Any:
-        return await store.get_many(BATCHES[i % len(BATCHES)])
-
-    async def put_many(i: int) -> None:
-        keys = BATCHES[i % len(BATCHES)]
-        await store.put_many(keys, [VALUE] * len(keys))
 
     return {"get": get, "put": put, "get_many": get_many, "put_many": put_many}
 

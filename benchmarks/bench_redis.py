@@ -26,22 +26,24 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from _interleave import Op, measure  # benchmarks/ is on sys.path when a script runs
+from _interleave import (  # benchmarks/ is on sys.path when a script runs
+    BATCH,
+    BATCHES,
+    KEYS,
+    VALUE,
+    Figures,
+    Op,
+    measure,
+    store_ops,
+)
 from key_value.aio.stores.redis import RedisStore as PyKeyValueRedisStore
 from redis.asyncio import Redis
 from redis.utils import HIREDIS_AVAILABLE
 
 from kvstores.backends.redis import RedisStore
 
-VALUE = {"value": "x" * 100}
-KEYS = [f"key-{i}" for i in range(1000)]
-BATCH = 100
-BATCHES = [KEYS[start : start + BATCH] for start in range(0, len(KEYS), BATCH)]
 PREFIX = "bench-kvstores"
 TARGETS = {"vs raw: get, put": 0.9, "vs raw: get_many, put_many": 0.7, "vs py-key-value: every op": 1.3}
-
-
-Figures = dict[str, dict[str, float]]  # op -> contender -> number
 
 
 def raw_ops(client: Redis) -> dict[str, Op]:
@@ -63,25 +65,6 @@ def raw_ops(client: Redis) -> dict[str, Op]:
         for key in BATCHES[i % len(BATCHES)]:
             pipe.set(f"raw:{key}", json.dumps(VALUE))
         await pipe.execute()
-
-    return {"get": get, "put": put, "get_many": get_many, "put_many": put_many}
-
-
-def store_ops(store: Any) -> dict[str, Op]:
-    """The same four calls on a key-value store (kvstores or py-key-value)."""
-
-    async def get(i: int) -> Any:
-        return await store.get(KEYS[i % 1000])
-
-    async def put(i: int) -> None:
-        await store.put(KEYS[i % 1000], VALUE)
-
-    async def get_many(i: int) -> Any:
-        return await store.get_many(BATCHES[i % len(BATCHES)])
-
-    async def put_many(i: int) -> None:
-        keys = BATCHES[i % len(BATCHES)]
-        await store.put_many(keys, [VALUE] * len(keys))
 
     return {"get": get, "put": put, "get_many": get_many, "put_many": put_many}
 
