@@ -1,4 +1,4 @@
-"""The ``kvstores`` command: ``demo``, ``check`` a store against the conformance suites.
+"""The kvstores command: run the demo, check a store against the conformance suites, benchmark.
 
 ``kvstores demo [--store URL]`` shows FastMCP session state on a persistent store:
 isolation, expiry and persistence across a server restart (see kvstores.demo).
