@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from tests.support import stop_process
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "persistent_state"
 """The folder of the persistent_state example."""
 
@@ -71,13 +73,7 @@ class ExampleServer:
 
     def stop(self) -> None:
         """Stop the server (SIGTERM: uvicorn shuts down cleanly and the store is closed)."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
 
 @contextmanager

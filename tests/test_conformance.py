@@ -2,20 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
-
 from kvstores.conformance import AsyncKeyValueConformance
+from tests.support import TableStores
 
 
-class TestConformance(AsyncKeyValueConformance):
+class TestConformance(TableStores, AsyncKeyValueConformance):
     """The suite over the parametrized backend table of tests/conftest.py."""
-
-    @pytest.fixture
-    def store(self, backend_store: Any) -> Any:
-        return backend_store
-
-    @pytest.fixture
-    def peer_store(self, backend_peer_store: Any) -> Any:
-        return backend_peer_store

@@ -8,18 +8,11 @@ import pytest
 from key_value.aio.protocols import AsyncKeyValue
 
 from kvstores.conformance.fastmcp import SessionStateConformance
+from tests.support import TableStores
 
 
-class TestSessionState(SessionStateConformance):
+class TestSessionState(TableStores, SessionStateConformance):
     """The session-state suite over the parametrized backend table of tests/conftest.py."""
-
-    @pytest.fixture
-    def store(self, backend_store: Any) -> Any:
-        return backend_store
-
-    @pytest.fixture
-    def peer_store(self, backend_peer_store: Any) -> Any:
-        return backend_peer_store
 
 
 @pytest.mark.anyio

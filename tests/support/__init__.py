@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+
+import pytest
 
 BACKENDS = {
     "memory": "tests.support.local:MemoryBackend",
@@ -61,3 +66,44 @@ def load(name: str) -> Backend:
     module_name, _, class_name = BACKENDS[name].partition(":")
     backend: Backend = getattr(importlib.import_module(module_name), class_name)()
     return backend
+
+
+async def assert_connection_errors(
+    operations: Sequence[Callable[[], Awaitable[Any]]],
+    within: float,
+    cause: type[BaseException] | tuple[type[BaseException], ...],
+) -> None:
+    """Each operation raises StoreConnectionError within ``within`` seconds, caused by ``cause``."""
+    from kvstores.errors import StoreConnectionError
+
+    for operation in operations:
+        started = time.monotonic()
+        with pytest.raises(StoreConnectionError) as caught:
+            await operation()
+        assert time.monotonic() - started < within
+        assert isinstance(caught.value.__cause__, cause)
+
+
+def stop_process(process: subprocess.Popen[Any], timeout: float = 15) -> None:
+    """Stop a server process: SIGTERM (a clean shutdown), then SIGKILL after ``timeout`` seconds."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+class TableStores:
+    """Mixin for a conformance suite class: its ``store``/``peer_store`` come from the backend table."""
+
+    @pytest.fixture
+    def store(self, backend_store: Any) -> Any:
+        """The table's store (see tests/conftest.py)."""
+        return backend_store
+
+    @pytest.fixture
+    def peer_store(self, backend_peer_store: Any) -> Any:
+        """A second store object on the same namespace."""
+        return backend_peer_store

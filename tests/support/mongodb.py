@@ -20,7 +20,7 @@ from pymongo import MongoClient
 from pymongo.uri_parser import parse_uri
 
 from kvstores.backends.mongodb import MongoDBStore
-from tests.support import Backend, Unavailable
+from tests.support import Backend, Unavailable, stop_process
 
 URL_VARIABLE = "KVSTORES_MONGODB_URL"
 """Environment variable naming a real MongoDB to test against."""
@@ -80,12 +80,7 @@ class SecantusServer:
         """Stop the server gracefully, so that a storage path on disk stays intact."""
         process, self._process = self._process, None
         if process is not None:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
             if process.stdout is not None:
                 process.stdout.close()
         if self._log is not None:

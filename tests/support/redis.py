@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from kvstores.backends.redis import RedisStore
-from tests.support import Backend, Unavailable
+from tests.support import Backend, Unavailable, stop_process
 
 REDIS_URL = "redis://127.0.0.1:6379/15"
 """The machine's Redis, on a database the tests may fill and empty."""
@@ -72,12 +72,7 @@ def start_server(port: int, folder: Path, *options: str) -> subprocess.Popen[byt
 
 def stop_server(process: subprocess.Popen[bytes]) -> None:
     """Stop a server started by :func:`start_server`."""
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_process(process, timeout=10)
 
 
 class RedisBackend(Backend):
