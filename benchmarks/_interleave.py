@@ -64,3 +64,18 @@ async def measure(
         {name: statistics.median(values) for name, values in rates.items()},
         {name: statistics.median(values) for name, values in cpu.items()},
     )
+
+
+async def measure_ops(contenders: dict[str, dict[str, Op]], ops: int, rounds: int) -> tuple[Figures, Figures]:
+    """Populate every contender, then items/s and client CPU per item of each on every op."""
+    for ops_of in contenders.values():  # every get reads a stored value
+        for i in range(len(BATCHES)):
+            await ops_of["put_many"](i)
+    results: Figures = {}
+    cpu: Figures = {}
+    for op in ("get", "put", "get_many", "put_many"):
+        batch = op.endswith("_many")
+        calls = max(1, ops // 10) if batch else ops
+        measured = {name: ops_of[op] for name, ops_of in contenders.items()}
+        results[op], cpu[op] = await measure(measured, calls, BATCH if batch else 1, rounds)
+    return results, cpu

@@ -33,7 +33,7 @@ from _interleave import (  # benchmarks/ is on sys.path when a script runs
     VALUE,
     Figures,
     Op,
-    measure,
+    measure_ops,
     store_ops,
 )
 from key_value.aio.stores.redis import RedisStore as PyKeyValueRedisStore
@@ -75,17 +75,8 @@ async def scenarios(url: str, ops: int, rounds: int) -> tuple[Figures, Figures]:
     ours = RedisStore.from_url(url, prefix=PREFIX)
     theirs = PyKeyValueRedisStore(url=url)
     contenders = {"kvstores": store_ops(ours), "raw": raw_ops(raw), "py-key-value": store_ops(theirs)}
-    results: Figures = {}
-    cpu: Figures = {}
     try:
-        for name in contenders:  # every get reads a stored value
-            for i in range(len(BATCHES)):
-                await contenders[name]["put_many"](i)
-        for op in ("get", "put", "get_many", "put_many"):
-            batch = op.endswith("_many")
-            calls = max(1, ops // 10) if batch else ops
-            measured = {name: ops_of[op] for name, ops_of in contenders.items()}
-            results[op], cpu[op] = await measure(measured, calls, BATCH if batch else 1, rounds)
+        results, cpu = await measure_ops(contenders, ops, rounds)
     finally:
         await ours.destroy()
         await theirs.delete_many(KEYS)
