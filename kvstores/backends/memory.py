@@ -69,6 +69,7 @@ class MemoryStore(BaseStore):
         return len(self._cache)
 
     def _live(self, collection: str, key: str, now: float) -> _Entry | None:
+        """The entry of (collection, key), or None; an expired entry is removed on the way."""
         pair = (collection, key)
         entry = self._cache.get(pair)
         if entry is not None and entry[1] is not None and entry[1] <= now:
@@ -89,13 +90,8 @@ class MemoryStore(BaseStore):
         self._next_sweep = now + self._sweep_interval
 
     async def _get(self, collection: str, key: str) -> str | None:
-        entry = self._cache.get((collection, key))
-        if entry is None:
-            return None
-        if entry[1] is not None and entry[1] <= monotonic():
-            del self._cache[collection, key]
-            return None
-        return entry[0]
+        entry = self._live(collection, key, monotonic())
+        return None if entry is None else entry[0]
 
     async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
         now = monotonic()
@@ -105,15 +101,8 @@ class MemoryStore(BaseStore):
 
     async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
         now = monotonic()
-        cache = self._cache
-        texts: list[str | None] = []
-        for key in keys:
-            entry = cache.get((collection, key))
-            if entry is not None and entry[1] is not None and entry[1] <= now:
-                del cache[collection, key]
-                entry = None
-            texts.append(None if entry is None else entry[0])
-        return texts
+        entries = [self._live(collection, key, now) for key in keys]
+        return [None if entry is None else entry[0] for entry in entries]
 
     async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[str | None, float | None]]:
         now = monotonic()
