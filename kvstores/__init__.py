@@ -8,6 +8,7 @@ from kvstores._codec import MAX_DEPTH, MAX_KEY_LENGTH, MAX_TTL_SECONDS, MAX_VALU
 from kvstores.backends.memory import MemoryStore
 from kvstores.base import DEFAULT_COLLECTION, BaseStore
 from kvstores.errors import (
+    ConflictError,
     DeserializationError,
     InvalidKeyError,
     InvalidTTLError,
@@ -19,17 +20,22 @@ from kvstores.errors import (
 )
 from kvstores.protocol import (
     AsyncKeyValue,
+    AtomicStore,
     CullStore,
     DestroyCollectionStore,
     DestroyStore,
     EnumerateCollectionsStore,
     EnumerateKeysStore,
+    LifecycleStore,
+    capabilities,
 )
 from kvstores.registry import open_store
 
 __all__ = [
     "AsyncKeyValue",
+    "AtomicStore",
     "BaseStore",
+    "ConflictError",
     "CullStore",
     "DEFAULT_COLLECTION",
     "DeserializationError",
@@ -40,6 +46,7 @@ __all__ = [
     "InvalidKeyError",
     "InvalidTTLError",
     "KVStoreError",
+    "LifecycleStore",
     "MAX_DEPTH",
     "MAX_KEY_LENGTH",
     "MAX_TTL_SECONDS",
@@ -49,5 +56,6 @@ __all__ = [
     "StoreClosedError",
     "StoreConnectionError",
     "ValueTooLargeError",
+    "capabilities",
     "open_store",
 ]

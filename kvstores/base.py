@@ -1,18 +1,29 @@
-"""BaseStore: validation, the default collection, lifecycle and single-key fallbacks.
+"""BaseStore: validation, the default collection, lifecycle, atomic updates and single-key fallbacks.
 
-A backend subclasses :class:`BaseStore` and implements the bulk primitives
-(``_get_many``, ``_ttl_many``, ``_put_many``, ``_delete_many``) plus the capability
-primitives. They receive names that are already validated and values that are already
-encoded JSON text, so a backend never validates or encodes anything itself. The
-single-key primitives default to a bulk call of one key; backends override them when a
-single-key command is cheaper.
+A backend subclasses :class:`BaseStore` and implements its abstract primitives: the bulk
+primitives (``_get_many``, ``_ttl_many``, ``_put_many``, ``_delete_many``), the capability
+primitives (``_keys`` ... ``_cull``) and the atomic primitives (``_swap``, ``_pop``); a
+class missing one cannot be instantiated. Primitives receive names that are already
+validated and values that are already encoded JSON text, so a backend never validates or
+encodes anything itself. The single-key primitives default to a bulk call of one key;
+backends override them when a single-key command is cheaper.
+
+``update()`` is optimistic and lives here once for every backend: it reads the stored text,
+runs the caller's function with no lock held, then ``_swap``s in the result only if the
+stored text is still the one it read (compared by the backend, atomically); a lost race
+retries after a jittered backoff, at most :data:`UPDATE_ATTEMPTS` times, then raises
+ConflictError.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import abc
+import asyncio
+import random
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, SupportsFloat
+from typing import Any, SupportsFloat, TypeVar
 
 from kvstores._codec import (
     check_collection,
@@ -23,9 +34,11 @@ from kvstores._codec import (
     encode_value,
     encode_values,
 )
-from kvstores.errors import StoreClosedError
+from kvstores.errors import ConflictError, StoreClosedError
 
-__all__ = ["DEFAULT_COLLECTION", "BaseStore", "Stored"]
+__all__ = ["DEFAULT_COLLECTION", "UPDATE_ATTEMPTS", "BaseStore", "Stored", "chunks"]
+
+T = TypeVar("T")
 
 Stored = str | bytes
 """What a backend's read primitives return: the encoded JSON text, as str or UTF-8 bytes."""
@@ -33,14 +46,30 @@ Stored = str | bytes
 DEFAULT_COLLECTION = "default"
 """The collection used when ``collection=None``, unless a store is given another."""
 
+UPDATE_ATTEMPTS = 100
+"""Races ``update()`` may lose before it raises ConflictError (with backoff, about 2.5 s at most)."""
+
+_BACKOFF_BASE = 0.001
+_BACKOFF_CAP = 0.025
+
+
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """``items`` in consecutive slices of at most ``size``."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
 
 def _check_limit(limit: int | None) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
 
 
-class BaseStore:
-    """Shared behaviour of every kvstores backend; see :class:`kvstores.AsyncKeyValue`."""
+class BaseStore(abc.ABC):
+    """Shared behaviour of every kvstores backend; see :class:`kvstores.AsyncKeyValue`.
+
+    Every BaseStore implements every capability of :mod:`kvstores.protocol`, the atomic
+    operations included.
+    """
 
     _closed = False
 
@@ -51,13 +80,20 @@ class BaseStore:
     # -- lifecycle -------------------------------------------------------------------
 
     async def __aenter__(self) -> BaseStore:
-        self._collection(None)
+        """Check the store is open and return it."""
+        self._check_open()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        """Close the store."""
         await self.aclose()
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        """Warn, as aiosqlite and asyncio transports do, when a store holding a connection is never closed."""
+        if not self._closed and self._holds_connection():
+            _warn(f"unclosed {type(self).__name__}: close it with aclose() or async with", ResourceWarning, source=self)
 
     async def aclose(self) -> None:
         """Release the store's resources; closing twice is fine, using it afterwards is not."""
@@ -70,9 +106,13 @@ class BaseStore:
         """True once ``aclose()`` has been called."""
         return self._closed
 
-    def _collection(self, collection: str | None) -> str:
+    def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"{type(self).__name__} is closed")
+
+    def _collection(self, collection: str | None) -> str:
+        """The validated name of ``collection`` (the default for None); raise if the store is closed."""
+        self._check_open()
         if collection is None:
             return self.default_collection
         check_collection(collection)
@@ -174,7 +214,7 @@ class BaseStore:
 
     async def collections(self, *, limit: int | None = None) -> list[str]:
         """Return up to ``limit`` names of collections that hold live entries."""
-        self._collection(None)
+        self._check_open()
         _check_limit(limit)
         return [] if limit == 0 else await self._collections(limit)
 
@@ -186,47 +226,125 @@ class BaseStore:
 
     async def destroy(self) -> bool:
         """Delete every entry this store owns (never other data in the database)."""
-        self._collection(None)
+        self._check_open()
         return await self._destroy()
 
     async def cull(self) -> None:
         """Remove every expired entry from the backend now."""
-        self._collection(None)
+        self._check_open()
         await self._cull()
+
+    # -- atomic operations (kvstores.AtomicStore) ------------------------------------
+
+    async def put_if_absent(
+        self,
+        key: str,
+        value: Mapping[str, Any],
+        *,
+        collection: str | None = None,
+        ttl: SupportsFloat | None = None,
+    ) -> bool:
+        """Store ``value`` only if ``key`` has no live entry; True when it stored (one round trip)."""
+        name = self._collection(collection)
+        check_key(key)
+        seconds = check_ttl(ttl)
+        return await self._swap(name, key, None, encode_value(value), seconds)
+
+    async def pop(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
+        """Get and delete ``key`` in one atomic step (one round trip); None when absent or expired."""
+        name = self._collection(collection)
+        check_key(key)
+        text = await self._pop(name, key)
+        return None if text is None else decode_value(text, key)
+
+    async def update(
+        self,
+        key: str,
+        fn: Callable[[dict[str, Any] | None], Mapping[str, Any] | None],
+        *,
+        collection: str | None = None,
+        ttl: SupportsFloat | None = None,
+    ) -> dict[str, Any] | None:
+        """Atomically store ``fn(current value or None)`` with ``ttl``, or delete when it returns None.
+
+        Returns what was stored (None after a delete). Two round trips when uncontended; ``fn``
+        runs with no lock held and may run again after a lost race, so it must have no side
+        effects. Raises ConflictError after :data:`UPDATE_ATTEMPTS` lost races.
+        """
+        name = self._collection(collection)
+        check_key(key)
+        seconds = check_ttl(ttl)
+        for attempt in range(UPDATE_ATTEMPTS):
+            stored = await self._get(name, key)
+            new = fn(None if stored is None else decode_value(stored, key))
+            if new is None and stored is None:
+                return None  # nothing to delete: the entry was absent when read
+            text = None if new is None else encode_value(new)
+            if await self._swap(name, key, stored, text, seconds):
+                return None if text is None else decode_value(text, key)
+            await asyncio.sleep(random.uniform(0, min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt)))
+        raise ConflictError(f"update of key {key!r} lost {UPDATE_ATTEMPTS} races to concurrent writers; giving up")
 
     # -- primitives: names validated, values encoded ---------------------------------
 
+    @abc.abstractmethod
     async def _get_many(self, collection: str, keys: Sequence[str]) -> Sequence[Stored | None]:
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def _ttl_many(self, collection: str, keys: Sequence[str]) -> Sequence[tuple[Stored | None, float | None]]:
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
         """Write distinct ``keys`` with their encoded values, all or nothing where possible."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
         """Delete distinct ``keys``; return how many existed."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def _keys(self, collection: str, limit: int | None) -> list[str]:
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def _collections(self, limit: int | None) -> list[str]:
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def _destroy_collection(self, collection: str) -> bool:
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def _destroy(self) -> bool:
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def _cull(self) -> None:
         raise NotImplementedError
 
-    async def _close(self) -> None:
+    @abc.abstractmethod
+    async def _swap(
+        self, collection: str, key: str, expected: Stored | None, text: str | None, ttl: float | None
+    ) -> bool:
+        """Atomically replace the live entry's stored text ``expected`` (None: no live entry) with
+        ``text`` (None: delete it) expiring after ``ttl``; return False, changing nothing, when
+        the stored text is no longer ``expected``. An expired entry counts as absent."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    async def _pop(self, collection: str, key: str) -> Stored | None:
+        """Delete the entry and return its stored text, in one atomic step; None if absent or expired."""
+        raise NotImplementedError
+
+    async def _close(self) -> None:  # noqa: B027 - optional hook: most backends have something to release
         """Release backend resources (called once, by ``aclose``)."""
+
+    def _holds_connection(self) -> bool:
+        """True while the store holds a connection that only ``aclose()`` releases."""
+        return False
 
     async def _get(self, collection: str, key: str) -> Stored | None:
         return (await self._get_many(collection, [key]))[0]

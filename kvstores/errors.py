@@ -11,7 +11,8 @@ written against plain Python exceptions keeps working::
     │   └── ValueTooLargeError                 encoded value above the size limit
     ├── DeserializationError                   stored data cannot be decoded
     ├── StoreConnectionError     (ConnectionError)  backend unreachable or timed out
-    └── StoreClosedError                       the store was closed
+    ├── StoreClosedError                       the store was closed
+    └── ConflictError                          an atomic update kept losing races and gave up
 
 Driver exceptions never escape raw: each backend translates them in one place and
 chains the original as ``__cause__``.
@@ -20,6 +21,7 @@ chains the original as ``__cause__``.
 from __future__ import annotations
 
 __all__ = [
+    "ConflictError",
     "DeserializationError",
     "InvalidKeyError",
     "InvalidTTLError",
@@ -61,3 +63,7 @@ class StoreConnectionError(KVStoreError, ConnectionError):
 
 class StoreClosedError(KVStoreError):
     """The store was used after ``aclose()``."""
+
+
+class ConflictError(KVStoreError):
+    """``update()`` lost the race to concurrent writers more times than its retry bound allows."""

@@ -8,16 +8,20 @@ Semantics every implementation must keep are in the README and checked by
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, SupportsFloat, runtime_checkable
 
 __all__ = [
+    "CAPABILITIES",
     "AsyncKeyValue",
+    "AtomicStore",
     "CullStore",
     "DestroyCollectionStore",
     "DestroyStore",
     "EnumerateCollectionsStore",
     "EnumerateKeysStore",
+    "LifecycleStore",
+    "capabilities",
 ]
 
 
@@ -117,3 +121,89 @@ class DestroyStore(Protocol):
     async def destroy(self) -> bool:
         """Delete every entry this store owns (never other data in the database)."""
         ...
+
+
+@runtime_checkable
+class LifecycleStore(Protocol):
+    """A store its owner can close deterministically (``async with store:`` or ``aclose()``)."""
+
+    async def __aenter__(self) -> Any:
+        """Check the store is open and return it."""
+        ...
+
+    async def __aexit__(self, *exc_info: object) -> Any:
+        """Close the store."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the store's resources; closing twice is fine, using it afterwards is not."""
+        ...
+
+
+@runtime_checkable
+class AtomicStore(Protocol):
+    """A store with atomic conditional writes, across tasks and processes.
+
+    Expiry is decided inside the atomic step: an expired entry counts as absent and is
+    never resurrected. Inputs are validated exactly as for ``put``/``get``.
+    """
+
+    async def put_if_absent(
+        self,
+        key: str,
+        value: Mapping[str, Any],
+        *,
+        collection: str | None = None,
+        ttl: SupportsFloat | None = None,
+    ) -> bool:
+        """Store ``value`` only if ``key`` has no live entry; True when it stored.
+
+        Among any number of concurrent callers exactly one gets True.
+        """
+        ...
+
+    async def pop(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
+        """Get and delete ``key`` in one atomic step; None when absent or expired.
+
+        Among concurrent pops of one entry exactly one caller gets the value.
+        """
+        ...
+
+    async def update(
+        self,
+        key: str,
+        fn: Callable[[dict[str, Any] | None], Mapping[str, Any] | None],
+        *,
+        collection: str | None = None,
+        ttl: SupportsFloat | None = None,
+    ) -> dict[str, Any] | None:
+        """Atomic read-modify-write: store ``fn(current value or None)`` with ``ttl``, or delete
+        the entry when it returns None; return what was stored (None after a delete).
+
+        ``fn`` may be called more than once under contention, so it must have no side effects;
+        if it raises, nothing is written and the exception propagates. No concurrent update is
+        lost; past a bounded number of lost races, ConflictError is raised.
+        """
+        ...
+
+
+CAPABILITIES: dict[str, type] = {
+    "keys": EnumerateKeysStore,
+    "collections": EnumerateCollectionsStore,
+    "destroy_collection": DestroyCollectionStore,
+    "destroy": DestroyStore,
+    "cull": CullStore,
+    "lifecycle": LifecycleStore,
+    "atomic": AtomicStore,
+}
+"""Each optional capability by name, and the protocol a store implements to have it."""
+
+
+def capabilities(store: object) -> frozenset[str]:
+    """The names of the optional capabilities ``store`` implements (keys of :data:`CAPABILITIES`).
+
+    The one source of truth for what a store can do: the conformance suites and
+    ``kvstores check`` derive which groups to run from it. Every :class:`kvstores.BaseStore`
+    implements them all.
+    """
+    return frozenset(name for name, protocol in CAPABILITIES.items() if isinstance(store, protocol))

@@ -12,7 +12,9 @@ from kvstores import _codec, errors
 
 PUBLIC = [
     "AsyncKeyValue",
+    "AtomicStore",
     "BaseStore",
+    "ConflictError",
     "CullStore",
     "DEFAULT_COLLECTION",
     "DeserializationError",
@@ -23,6 +25,7 @@ PUBLIC = [
     "InvalidKeyError",
     "InvalidTTLError",
     "KVStoreError",
+    "LifecycleStore",
     "MAX_DEPTH",
     "MAX_KEY_LENGTH",
     "MAX_TTL_SECONDS",
@@ -32,6 +35,7 @@ PUBLIC = [
     "StoreClosedError",
     "StoreConnectionError",
     "ValueTooLargeError",
+    "capabilities",
     "open_store",
 ]
 

@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from cachetools import Cache, LRUCache
 
-from kvstores.base import DEFAULT_COLLECTION, BaseStore
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "MemoryStore"]
 
@@ -161,3 +161,27 @@ class MemoryStore(BaseStore):
 
     async def _cull(self) -> None:
         self._sweep(monotonic())
+
+    # no await between reading and writing: each of these is atomic on the event loop
+
+    async def _swap(
+        self, collection: str, key: str, expected: Stored | None, text: str | None, ttl: float | None
+    ) -> bool:
+        now = monotonic()
+        entry = self._live(collection, key, now)
+        if (None if entry is None else entry[0]) != expected:
+            return False
+        if text is None:
+            del self._cache[collection, key]
+        else:
+            if now >= self._next_sweep:
+                self._sweep(now)
+            self._cache[collection, key] = (text, None if ttl is None else now + ttl)
+        return True
+
+    async def _pop(self, collection: str, key: str) -> str | None:
+        entry = self._live(collection, key, monotonic())
+        if entry is None:
+            return None
+        del self._cache[collection, key]
+        return entry[0]

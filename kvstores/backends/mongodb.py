@@ -69,7 +69,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from kvstores._optional import missing_extra
-from kvstores.base import DEFAULT_COLLECTION, BaseStore
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
 from kvstores.errors import DeserializationError, KVStoreError, StoreConnectionError
 
 try:
@@ -77,7 +77,7 @@ try:
     from bson.codec_options import CodecOptions, DatetimeConversion
     from bson.errors import BSONError
     from pymongo import AsyncMongoClient, IndexModel, MongoClient, ReadPreference, ReplaceOne
-    from pymongo.errors import ConnectionFailure, ExecutionTimeout, PyMongoError
+    from pymongo.errors import ConnectionFailure, DuplicateKeyError, ExecutionTimeout, PyMongoError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("pymongo", "mongodb") from exc
 
@@ -245,6 +245,9 @@ class MongoDBStore(BaseStore):
                     self._indexed = True
         return self._entries
 
+    def _holds_connection(self) -> bool:
+        return self._owns_client and self._indexed
+
     async def _close(self) -> None:
         if self._owns_client:
             with _translated():
@@ -252,18 +255,13 @@ class MongoDBStore(BaseStore):
 
     # -- helpers ---------------------------------------------------------------------
 
-    def _chunks(self, items: Sequence[Any]) -> Iterator[Sequence[Any]]:
-        size = self._chunk_size
-        for start in range(0, len(items), size):
-            yield items[start : start + size]
-
     async def _find(self, collection: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Fetched documents by ``_id`` (expired ones included: callers filter)."""
         entries = await self._ready()
         prefix = _prefix(collection)
         found: dict[str, dict[str, Any]] = {}
         with _translated():
-            for chunk in self._chunks(keys):
+            for chunk in chunks(keys, self._chunk_size):
                 query = {"_id": {"$in": [prefix + key for key in chunk]}}
                 for document in await entries.find(query).to_list(None):
                     found[document["_id"]] = document
@@ -308,7 +306,7 @@ class MongoDBStore(BaseStore):
             for key, text in zip(keys, texts)
         ]
         with _translated():
-            for chunk in self._chunks(requests):
+            for chunk in chunks(requests, self._chunk_size):
                 await entries.bulk_write(chunk, ordered=False)
 
     async def _delete(self, collection: str, key: str) -> bool:
@@ -322,7 +320,7 @@ class MongoDBStore(BaseStore):
         prefix = _prefix(collection)
         deleted = 0
         with _translated():
-            for chunk in self._chunks(keys):
+            for chunk in chunks(keys, self._chunk_size):
                 query = {"_id": {"$in": [prefix + key for key in chunk]}, **_live(_now_ms())}
                 deleted += (await entries.delete_many(query)).deleted_count
         return deleted
@@ -368,3 +366,36 @@ class MongoDBStore(BaseStore):
         entries = await self._ready()
         with _translated():
             await entries.delete_many({"e": {"$lte": DatetimeMS(_now_ms())}})
+
+    async def _swap(
+        self, collection: str, key: str, expected: Stored | None, text: str | None, ttl: float | None
+    ) -> bool:
+        entries = await self._ready()
+        id_ = _prefix(collection) + key
+        now_ms = _now_ms()
+        with _translated():
+            if expected is None and text is not None:
+                # put_if_absent: replace an expired document, else insert; a live one makes the
+                # upsert's insert collide on _id (the server does not retry: the filter is a range)
+                try:
+                    await entries.replace_one(
+                        {"_id": id_, "e": {"$lte": DatetimeMS(now_ms)}},
+                        _document(collection, text, _expiry(ttl)),
+                        upsert=True,
+                    )
+                except DuplicateKeyError:
+                    return False
+                return True
+            if expected is None:  # delete what is absent: succeed while it stays absent
+                return not await entries.count_documents({"_id": id_, **_live(now_ms)}, limit=1)
+            current = {"_id": id_, "v": expected, **_live(now_ms)}
+            if text is None:
+                return bool((await entries.delete_one(current)).deleted_count)
+            result = await entries.replace_one(current, _document(collection, text, _expiry(ttl)))
+            return bool(result.matched_count)
+
+    async def _pop(self, collection: str, key: str) -> str | None:
+        entries = await self._ready()
+        with _translated():
+            document = await entries.find_one_and_delete({"_id": _prefix(collection) + key})
+        return None if document is None else _text(document, _now_ms())

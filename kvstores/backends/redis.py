@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from contextlib import aclosing
 from types import TracebackType
 from typing import Any, Final, cast
@@ -49,7 +49,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
 from kvstores.errors import KVStoreError, StoreConnectionError
 
 try:
@@ -82,6 +82,22 @@ for i, key in ipairs(KEYS) do
   end
 end
 return #KEYS
+"""
+# compare-and-set for update(): replace (or delete, when ARGV[2] is empty) the value ARGV[1]
+# with ARGV[2], PX ARGV[3] unless empty; 0 when the stored value is no longer ARGV[1].
+# An expired key is absent to GET, so it never matches.
+_SWAP_SCRIPT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if ARGV[2] == '' then
+  redis.call('DEL', KEYS[1])
+elseif ARGV[3] == '' then
+  redis.call('SET', KEYS[1], ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
+return 1
 """
 _SCAN_COUNT: Final = 1_000
 _HEADS_CACHED: Final = 1_000  # collections whose key head is kept ready
@@ -132,8 +148,11 @@ class _Gate:
         self._free = limit
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._cluster = cluster
+        self.used = False
+        """True once a command has been sent: the client may hold connections from then on."""
 
     async def __aenter__(self) -> None:
+        self.used = True
         if self._free is not None:
             if self._free > 0:
                 self._free -= 1
@@ -168,11 +187,6 @@ class _Gate:
                 waiter.set_result(None)  # the slot passes straight to the next waiter
                 return
         self._free += 1
-
-
-def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 def _glob(text: str) -> str:
@@ -245,6 +259,7 @@ class RedisStore(BaseStore):
         self._gate = _Gate(max_connections if self._owns_client else None, cluster)
         self._heads: dict[str, str] = {}
         self._put_script = client.register_script(_PUT_SCRIPT)
+        self._swap_script = client.register_script(_SWAP_SCRIPT)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
@@ -269,6 +284,9 @@ class RedisStore(BaseStore):
         # a refused or reset connection is retried (a restarted server); a timeout is not
         options.setdefault("retry", Retry(backoff, 2, (redis_errors.ConnectionError,)))
         return Redis.from_pool(ConnectionPool.from_url(url, **options))
+
+    def _holds_connection(self) -> bool:
+        return self._owns_client and self._gate.used
 
     async def _close(self) -> None:
         if self._owns_client:
@@ -338,7 +356,7 @@ class RedisStore(BaseStore):
     async def _delete_names(self, names: Sequence[str]) -> int:
         """DEL ``names`` (any slots), 1,000 at a time; return how many existed."""
         deleted = 0
-        for chunk in _chunks(names):
+        for chunk in chunks(names, _CHUNK):
             with _translated:
                 async with self._gate:
                     deleted += await self.client.delete(*chunk)
@@ -361,13 +379,13 @@ class RedisStore(BaseStore):
         if len(names) <= _CHUNK:
             values = await self._execute("MGET", *names)
         else:
-            replies = await self._pipeline([("MGET", *chunk) for chunk in _chunks(names)])
+            replies = await self._pipeline([("MGET", *chunk) for chunk in chunks(names, _CHUNK)])
             values = [value for reply in replies for value in reply]
         return cast("list[Stored | None]", values)
 
     async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[Stored | None, float | None]]:
         names = self._names(collection, keys)
-        mgets = [("MGET", *chunk) for chunk in _chunks(names)]
+        mgets = [("MGET", *chunk) for chunk in chunks(names, _CHUNK)]
         replies = await self._pipeline([*mgets, *(("PTTL", name) for name in names)])
         values = [value for reply in replies[: len(mgets)] for value in reply]
         return [
@@ -398,7 +416,7 @@ class RedisStore(BaseStore):
         names = self._names(collection, keys)
         if len(names) <= _CHUNK:
             return int(await self._execute("DEL", *names))
-        return sum(await self._pipeline([("DEL", *chunk) for chunk in _chunks(names)]))
+        return sum(await self._pipeline([("DEL", *chunk) for chunk in chunks(names, _CHUNK)]))
 
     async def _keys(self, collection: str, limit: int | None) -> list[str]:
         head = self._head(collection)
@@ -417,3 +435,20 @@ class RedisStore(BaseStore):
 
     async def _cull(self) -> None:
         """Nothing to do: Redis reclaims expired keys itself."""
+
+    async def _swap(
+        self, collection: str, key: str, expected: Stored | None, text: str | None, ttl: float | None
+    ) -> bool:
+        name = self._head(collection) + key
+        milliseconds = "" if ttl is None else str(ttl_milliseconds(ttl))
+        if expected is None and text is not None:  # put_if_absent: SET NX, one command
+            expiry = () if ttl is None else ("PX", milliseconds)
+            return bool(await self._execute("SET", name, text, "NX", *expiry))
+        if expected is None:  # delete what is absent: succeed while it stays absent
+            return not await self._execute("EXISTS", name)
+        with _translated:
+            async with self._gate:
+                return bool(await self._swap_script(keys=[name], args=[expected, text or "", milliseconds]))
+
+    async def _pop(self, collection: str, key: str) -> Stored | None:
+        return cast("Stored | None", await self._execute("GETDEL", self._head(collection) + key))

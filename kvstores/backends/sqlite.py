@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from kvstores._optional import missing_extra
-from kvstores.base import DEFAULT_COLLECTION, BaseStore
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
 from kvstores.errors import KVStoreError, StoreConnectionError
 
 try:
@@ -64,11 +64,7 @@ _SCHEMA = (
 _UPSERT = "INSERT OR REPLACE INTO kvstores_entries (collection, key, value, expires_at) VALUES (?, ?, ?, ?)"
 _SELECT_ONE = f"SELECT value FROM kvstores_entries WHERE collection = ? AND key = ? AND {_LIVE}"
 _SWEEP = "DELETE FROM kvstores_entries WHERE expires_at <= ?"
-
-
-def _chunks(keys: Sequence[str]) -> Iterator[Sequence[str]]:
-    for start in range(0, len(keys), _CHUNK):
-        yield keys[start : start + _CHUNK]
+_DELETE_ONE = "DELETE FROM kvstores_entries WHERE collection = ? AND key = ?"
 
 
 def _in_list(count: int) -> str:
@@ -131,7 +127,7 @@ def _transaction(work: Work[T], sweep_before: float | None, conn: sqlite3.Connec
 def _select_live(collection: str, keys: Sequence[str], conn: sqlite3.Connection) -> dict[str, tuple[str, float | None]]:
     now = time.time()
     found: dict[str, tuple[str, float | None]] = {}
-    for chunk in _chunks(keys):
+    for chunk in chunks(keys, _CHUNK):
         rows = conn.execute(
             f"SELECT key, value, expires_at FROM kvstores_entries"
             f" WHERE collection = ? AND key {_in_list(len(chunk))} AND {_LIVE}",
@@ -149,7 +145,7 @@ def _delete_live(collection: str, keys: Sequence[str], conn: sqlite3.Connection)
             f"DELETE FROM kvstores_entries WHERE collection = ? AND key {_in_list(len(chunk))} AND {_LIVE}",
             (collection, *chunk, now),
         ).rowcount
-        for chunk in _chunks(keys)
+        for chunk in chunks(keys, _CHUNK)
     )
 
 
@@ -157,6 +153,31 @@ def _delete_where(where: str, parameters: tuple[str, ...], conn: sqlite3.Connect
     live = conn.execute(f"DELETE FROM kvstores_entries WHERE {where} AND {_LIVE}", (*parameters, time.time()))
     conn.execute(f"DELETE FROM kvstores_entries WHERE {where}", parameters)
     return live.rowcount > 0
+
+
+def _live_text(collection: str, key: str, conn: sqlite3.Connection) -> str | None:
+    row = conn.execute(_SELECT_ONE, (collection, key, time.time())).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _swap_row(
+    collection: str, key: str, expected: Stored | None, text: str | None, ttl: float | None, conn: sqlite3.Connection
+) -> bool:
+    """Compare and set inside the caller's BEGIN IMMEDIATE transaction: no other writer can interleave."""
+    if _live_text(collection, key, conn) != expected:
+        return False
+    if text is None:
+        conn.execute(_DELETE_ONE, (collection, key))
+    else:
+        conn.execute(_UPSERT, (collection, key, text, None if ttl is None else time.time() + ttl))
+    return True
+
+
+def _pop_row(collection: str, key: str, conn: sqlite3.Connection) -> str | None:
+    text = _live_text(collection, key, conn)
+    if text is not None:
+        conn.execute(_DELETE_ONE, (collection, key))
+    return text
 
 
 class SQLiteStore(BaseStore):
@@ -223,6 +244,9 @@ class SQLiteStore(BaseStore):
             sweep_before, self._next_sweep = now, now + self._sweep_interval
         return await self._run(partial(_transaction, work, sweep_before))
 
+    def _holds_connection(self) -> bool:
+        return self._db is not None
+
     async def _close(self) -> None:
         async with self._opening:
             if self._db is not None:
@@ -233,8 +257,7 @@ class SQLiteStore(BaseStore):
     # -- primitives ------------------------------------------------------------------
 
     async def _get(self, collection: str, key: str) -> str | None:
-        row = await self._run(lambda conn: conn.execute(_SELECT_ONE, (collection, key, time.time())).fetchone())
-        return None if row is None else str(row[0])
+        return await self._run(partial(_live_text, collection, key))
 
     async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
         found = await self._run(partial(_select_live, collection, keys))
@@ -277,3 +300,11 @@ class SQLiteStore(BaseStore):
     async def _cull(self) -> None:
         self._next_sweep = 0.0
         await self._write(lambda conn: None)
+
+    async def _swap(
+        self, collection: str, key: str, expected: Stored | None, text: str | None, ttl: float | None
+    ) -> bool:
+        return await self._write(partial(_swap_row, collection, key, expected, text, ttl))
+
+    async def _pop(self, collection: str, key: str) -> str | None:
+        return await self._write(partial(_pop_row, collection, key))
