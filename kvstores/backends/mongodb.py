@@ -15,11 +15,15 @@ whatever characters they hold (there is no separator to escape), and the ``_id``
 one kvstores collection are exactly those starting with ``<len>:<name>``: listing or
 deleting a collection is a range scan of the ``_id`` index, so no other index is needed
 (``c`` is kept for ``collections()`` and for people reading the data). A string rather
-than an embedded ``{c, k}`` document because MongoDB-wire servers other than MongoDB
-(SecantusDB among them) scan the whole collection to find an embedded-document ``_id``,
-while a string ``_id`` is a primary-key lookup everywhere. Every write is an upsert on
+than an embedded ``{c, k}`` document because a string ``_id`` is a primary-key lookup on
+every MongoDB-wire server, while some scan the whole collection for an embedded one. Every write is an upsert on
 ``_id`` equality, so concurrent first writes of one key leave one document and never
-surface DuplicateKeyError (MongoDB >= 4.2 retries such upserts itself). Strings compare
+surface DuplicateKeyError (MongoDB >= 4.2 retries such upserts itself).
+
+Atomic operations: ``put_if_absent`` is one upserting replace whose filter matches only an
+expired document, so a live one makes the insert collide on ``_id`` (False); ``pop`` is one
+``find_one_and_delete``; ``update``'s compare-and-set is one ``replace_one`` (or
+``delete_one``) filtered on the ``_id``, the JSON text read and liveness. Strings compare
 as exact UTF-8 (no collation), so NFC and NFD forms stay distinct; MongoDB >= 4.2 has no
 index key size limit, so the longest names fit.
 
@@ -39,8 +43,8 @@ unordered ``bulk_write`` of upserting replaces, ``delete_many`` one ``delete_man
 each per chunk of ``chunk_size`` keys (default :data:`DEFAULT_CHUNK_SIZE`). A 100-key
 call is one round trip, every command stays far below MongoDB's 16 MB limit whatever the
 names, and no command runs long enough to meet the socket timeout, even on servers that
-match each document against the whole ``$in`` list (SecantusDB: O(chunk_size ** 2) per
-command); raise ``chunk_size`` for huge batches over slow links. ``put_many`` is not
+match each document against the whole ``$in`` list (O(chunk_size ** 2) per command); raise
+``chunk_size`` for huge batches over slow links. ``put_many`` is not
 atomic: a failure may leave part of a batch written.
 
 Connections: ``MongoDBStore("mongodb://host:27017/db")`` (also ``mongodb+srv://``)
@@ -144,8 +148,8 @@ def _expiry(ttl: float | None) -> DatetimeMS | None:
 def _live(now_ms: int) -> dict[str, Any]:
     """Filter clause matching documents without expiry or not expired at ``now_ms``.
 
-    ``$not``/``$lte`` rather than ``$or`` of "absent" and ``$gt``: a top-level ``$or``
-    keeps SecantusDB from using any index for the rest of the filter.
+    ``$not``/``$lte`` rather than ``$or`` of "absent" and ``$gt``: on some MongoDB-wire
+    servers a top-level ``$or`` keeps the rest of the filter from using any index.
     """
     return {"e": {"$not": {"$lte": DatetimeMS(now_ms)}}}
 

@@ -15,6 +15,9 @@ an earlier TTL); put_many = one Lua script call (EVALSHA) running the same SETs,
 MULTI/EXEC and also on a Cluster, for up to 10,000 keys (larger calls run as consecutive
 calls of 10,000 keys); delete/delete_many = DEL.
 MGET and DEL take at most 1,000 keys each; more are pipelined in one round trip.
+Atomic operations: put_if_absent = SET NX (PX); pop = GETDEL (Redis >= 6.2); update's
+compare-and-set = one Lua script call that compares the stored string with the one read
+(an expired key reads as absent, so it never matches) — all on the key's own slot.
 keys(), collections(), destroy_collection() and destroy() SCAN (every primary of a Cluster)
 with the prefix and collection glob-escaped; destroy() deletes only keys under the prefix,
 never FLUSHDB. Redis expires entries itself, so ``cull()`` has nothing to do.
@@ -194,7 +197,7 @@ def _glob(text: str) -> str:
     return text.translate(_GLOB_ESCAPES)
 
 
-def _name(raw: bytes | str) -> str | None:
+def _decoded(raw: bytes | str) -> str | None:
     """A Redis key as text, or None when it is not UTF-8 (so not written by kvstores)."""
     if isinstance(raw, str):
         return raw
@@ -305,6 +308,7 @@ class RedisStore(BaseStore):
         return head
 
     def _names(self, collection: str, keys: Iterable[str]) -> list[str]:
+        """The Redis keys of ``keys`` in ``collection``."""
         head = self._head(collection)
         return [head + key for key in keys]
 
@@ -345,7 +349,7 @@ class RedisStore(BaseStore):
                 scan = cast(AsyncGenerator[Any, None], self.client.scan_iter(match=pattern, count=_SCAN_COUNT))
                 async with aclosing(scan) as names:
                     async for raw in names:
-                        name = _name(raw)
+                        name = _decoded(raw)
                         item = None if name is None else convert(name)
                         if item is not None:
                             found[item] = None

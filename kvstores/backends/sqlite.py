@@ -15,7 +15,9 @@ The file is opened lazily in WAL mode with a ``busy_timeout``; every write runs 
 is not granted within ``timeout`` seconds (default 5) raises StoreConnectionError. Each
 call is one hop to aiosqlite's connection thread: the whole transaction runs there, so
 calls never interleave and a bulk call is one transaction, chunked under SQLite's
-parameter limit.
+parameter limit. put_if_absent, pop and update's compare-and-set each read and write in
+one ``BEGIN IMMEDIATE`` transaction, which no other process can interleave; update's
+function runs on the event loop between its read and that transaction, with no lock held.
 
 URLs: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``, ``sqlite://:memory:``
 (private to one store object), with query options such as ``?timeout=2``.
