@@ -63,10 +63,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise missing_extra("mcp", "mcp") from exc
 
 __all__ = [
-    "DEFAULT_COLLECTION",
     "DEFAULT_MAX_EVENTS_PER_STREAM",
     "DEFAULT_MAX_STREAMS",
     "DEFAULT_TTL",
+    "EVENTS_COLLECTION",
     "InMemoryEventStore",
     "StoreEventStore",
 ]
@@ -80,8 +80,8 @@ DEFAULT_MAX_STREAMS = 10_000
 DEFAULT_TTL = 3600.0
 """Seconds an event stays replayable after it was stored."""
 
-DEFAULT_COLLECTION = "kvstores_events"
-"""The collection :class:`StoreEventStore` writes to."""
+EVENTS_COLLECTION = "kvstores_events"
+"""The collection :class:`StoreEventStore` writes to by default (not the store's default collection)."""
 
 logger = logging.getLogger("kvstores.events")
 
@@ -216,7 +216,7 @@ class InMemoryEventStore(EventStore):
 class StoreEventStore(EventStore):
     """Events in any AsyncKeyValue: one store round trip per append, one per replay.
 
-    Layout in ``collection`` (default :data:`DEFAULT_COLLECTION`): each stream is a ring of
+    Layout in ``collection`` (default :data:`EVENTS_COLLECTION`): each stream is a ring of
     ``max_events_per_stream`` entries; event ``seq`` of a stream lives under the key
     ``"<token>:<seq % max_events_per_stream>"`` as ``{"seq", "stream", "kind", "message"}``
     (the message as its wire JSON, ``kind`` its JSON-RPC class). An append is one ``put``
@@ -242,7 +242,7 @@ class StoreEventStore(EventStore):
         self,
         store: AsyncKeyValue,
         *,
-        collection: str = DEFAULT_COLLECTION,
+        collection: str = EVENTS_COLLECTION,
         max_events_per_stream: int = DEFAULT_MAX_EVENTS_PER_STREAM,
         max_streams: int = DEFAULT_MAX_STREAMS,
         ttl: float = DEFAULT_TTL,

@@ -17,12 +17,12 @@ from mcp.server.streamable_http import EventStore
 
 from kvstores.conformance.events import EventStoreConformance, notification, replay
 from kvstores.events import (
-    DEFAULT_COLLECTION,
+    EVENTS_COLLECTION,
     DEFAULT_MAX_STREAMS,
     InMemoryEventStore,
     StoreEventStore,
 )
-from tests.events_support import FlakyStore
+from tests.support.events import FlakyStore
 
 pytestmark = pytest.mark.anyio
 
@@ -135,7 +135,7 @@ async def test_store_append_and_replay_are_one_round_trip_each(store: Any) -> No
 async def test_store_keeps_a_bounded_ring_per_stream(store: Any) -> None:
     events = StoreEventStore(store, max_events_per_stream=5)
     ids = [await events.store_event("s", notification(i)) for i in range(23)]
-    assert len(await store.keys(collection=DEFAULT_COLLECTION)) == 5
+    assert len(await store.keys(collection=EVENTS_COLLECTION)) == 5
     stream_id, sent = await replay(events, ids[-5])
     assert (stream_id, sent.ids) == ("s", ids[-4:])
 
@@ -203,7 +203,7 @@ async def test_store_replay_of_corrupt_data_returns_none(store: Any, caplog: pyt
     await events.store_event("s", notification(1))
     token = start.split("-")[0]
     corrupt = {"seq": 1, "stream": "s", "kind": "JSONRPCNotification", "message": '{"not": "a message"}'}
-    await store.put(f"{token}:1", corrupt, collection=DEFAULT_COLLECTION)
+    await store.put(f"{token}:1", corrupt, collection=EVENTS_COLLECTION)
     with caplog.at_level(logging.WARNING, logger="kvstores.events"):
         await assert_forgotten(events, start)
     assert any(r.name == "kvstores.events" for r in caplog.records)
