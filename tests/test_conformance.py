@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvstores.conformance import AsyncKeyValueConformance
-from tests.support import TableStores
+from tests.support.fixtures import TableStores
 
 
 class TestConformance(TableStores, AsyncKeyValueConformance):
-    """The suite over the parametrized backend table of tests/conftest.py."""
+    """The suite over the parametrized backend table of tests/support."""

@@ -1,6 +1,6 @@
 """Crash safety (SQLite): a writer killed with SIGKILL at random moments never tears a batch.
 
-A child process (tests/workers.py) loops ``put_many`` of 100 keys: 50 keys of its own
+A child process (tests/support/workers.py) loops ``put_many`` of 100 keys: 50 keys of its own
 generation plus 50 shared keys that every batch overwrites, all with the batch's generation
 number, and prints each generation once ``put_many`` has returned. It is killed 50 times,
 half of them while it starts up (opening the file, creating the schema), half while it
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.workers import BATCH_KEYS, batch
+from tests.support.workers import BATCH_KEYS, batch
 
 pytestmark = pytest.mark.sqlite
 
@@ -72,7 +72,7 @@ def test_sigkill_never_tears_a_batch(tmp_path: Path) -> None:
     newest, writes_interrupted = -1, 0
     for kill in range(KILLS):
         child = subprocess.Popen(
-            [sys.executable, "-m", "tests.workers", "crash", str(path), str(newest + 1)],
+            [sys.executable, "-m", "tests.support.workers", "crash", str(path), str(newest + 1)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,

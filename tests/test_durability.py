@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from kvstores.errors import StoreConnectionError
-from tests.support import Unavailable, is_required
+from tests.support.redis import RedisServer, own_redis
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -29,45 +29,11 @@ TIMEOUT = 1.0
 AOF_OPTIONS = ("--appendonly", "yes", "--appendfsync", "always")
 
 
-class AOFServer:
-    """A redis-server with an fsync-always append-only file in its own directory."""
-
-    def __init__(self, folder: Path) -> None:
-        from tests.support.redis import free_port
-
-        self.folder = folder
-        self.port = free_port()
-        self.process: Any = None
-
-    def start(self) -> None:
-        from tests.support.redis import start_server
-
-        self.process = start_server(self.port, self.folder, *AOF_OPTIONS)
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait()
-        self.process = None
-
-    def stop(self) -> None:
-        from tests.support.redis import stop_server
-
-        if self.process is not None:
-            stop_server(self.process)
-            self.process = None
-
-
 @pytest.fixture
-def aof_server(tmp_path: Path) -> Iterator[AOFServer]:
-    try:
-        server = AOFServer(tmp_path)
-        server.start()
-    except (Unavailable, ImportError) as exc:
-        if is_required("redis"):
-            pytest.fail(f"cannot start redis-server (required by KVSTORES_REQUIRE): {exc}")
-        pytest.skip(f"cannot start redis-server: {exc}")
-    yield server
-    server.stop()
+def aof_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server with an fsync-always append-only file in its own directory."""
+    with own_redis(tmp_path, *AOF_OPTIONS) as server:
+        yield server
 
 
 class Workload:
@@ -112,7 +78,7 @@ class Workload:
             await anyio.sleep(0.001)
 
 
-async def test_acknowledged_writes_survive_kill_and_restart(aof_server: AOFServer) -> None:
+async def test_acknowledged_writes_survive_kill_and_restart(aof_server: RedisServer) -> None:
     from kvstores.backends.redis import RedisStore
 
     store = RedisStore(f"redis://127.0.0.1:{aof_server.port}/0", timeout=TIMEOUT)

@@ -17,8 +17,8 @@ from mcp.server.streamable_http import EventStore
 
 from kvstores.conformance.events import EventStoreConformance, notification, replay
 from kvstores.events import (
-    EVENTS_COLLECTION,
     DEFAULT_MAX_STREAMS,
+    EVENTS_COLLECTION,
     InMemoryEventStore,
     StoreEventStore,
 )

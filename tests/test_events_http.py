@@ -17,7 +17,7 @@ from fastmcp import Client
 from mcp.server.streamable_http import EventStore
 
 from kvstores.events import InMemoryEventStore, StoreEventStore
-from tests.events_support import (
+from tests.support.events import (
     DROP_AFTER,
     RECONNECT_MS,
     FlakyStore,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvstores.demo import main as demo_main
-from tests.fastmcp_support import ExampleServer, run_example, sections
+from tests.support.examples import ExampleServer, run_example, sections
 
 
 def assert_alice_and_bob(output: str) -> None:

@@ -6,7 +6,7 @@ import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 import redis
@@ -16,9 +16,9 @@ from mcp.shared.exceptions import MCPError
 from kvstores import open_store
 from kvstores.backends.sqlite import SQLiteStore
 from kvstores.conformance.fastmcp import connected_client
-from tests.fastmcp_support import example_servers
-from tests.support import Unavailable, is_required
-from tests.support.redis import REDIS_URL, free_port, start_server, stop_server
+from tests.support.examples import example_servers
+from tests.support.fixtures import skip_or_fail
+from tests.support.redis import REDIS_URL, RedisServer, own_redis
 
 pytestmark = pytest.mark.anyio
 
@@ -49,13 +49,6 @@ async def test_two_processes_share_a_session_on_one_sqlite_file(tmp_path: Path) 
         await check_session_shared(url_a, url_b)
 
 
-def unavailable(reason: str) -> NoReturn:
-    """Skip for lack of Redis, or fail when KVSTORES_REQUIRE names it."""
-    if is_required("redis"):
-        pytest.fail(f"{reason} (required by KVSTORES_REQUIRE)")
-    pytest.skip(reason)
-
-
 @pytest.fixture
 async def shared_redis_url() -> AsyncIterator[str]:
     """The machine's Redis (db 15) under a prefix of its own, emptied afterwards."""
@@ -63,7 +56,7 @@ async def shared_redis_url() -> AsyncIterator[str]:
         with redis.Redis.from_url(REDIS_URL, socket_timeout=2, socket_connect_timeout=2) as client:
             client.ping()
     except redis.RedisError as exc:
-        unavailable(f"no Redis at {REDIS_URL}: {exc}")
+        skip_or_fail("redis", f"no Redis at {REDIS_URL}: {exc}")
     url = f"{REDIS_URL}?prefix=t{uuid.uuid4().hex[:12]}"
     yield url
     async with open_store(url) as store:
@@ -93,61 +86,44 @@ async def test_sqlite_outage_fails_state_tools_only_and_recovers(tmp_path: Path)
         assert (await client.call_tool("get_value", {"key": "user"})).data == "Bob"
 
 
-class OwnRedis:
-    """A redis-server of a test's own on a free port, with an append-only file so a restart keeps its data."""
-
-    def __init__(self, folder: Path) -> None:
-        self.port = free_port()
-        self.folder = folder
-        self.start()
-
-    def start(self) -> None:
-        """Start (or start again) the server on its port and data folder."""
-        self.process = start_server(self.port, self.folder, "--appendonly", "yes")
-
-    def stop(self) -> None:
-        """Stop the server."""
-        stop_server(self.process)
-
-
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    """A redis-server this test may stop and start."""
-    try:
-        server = OwnRedis(tmp_path)
-    except Unavailable as exc:
-        unavailable(str(exc))
-    yield server
-    server.stop()
+def own_redis_aof(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server this test may stop and start, with an append-only file so a restart keeps its data."""
+    with own_redis(tmp_path, "--appendonly", "yes") as server:
+        yield server
 
 
-async def test_redis_outage_over_http_fails_state_tools_only_and_recovers(tmp_path: Path, own_redis: OwnRedis) -> None:
-    with example_servers(f"redis://127.0.0.1:{own_redis.port}/0?timeout=1", 1, tmp_path) as (url,):
+async def test_redis_outage_over_http_fails_state_tools_only_and_recovers(
+    tmp_path: Path, own_redis_aof: RedisServer
+) -> None:
+    with example_servers(f"redis://127.0.0.1:{own_redis_aof.port}/0?timeout=1", 1, tmp_path) as (url,):
         session_id = await call(url, "create_session")
         await call(url, "remember", session_id=session_id, key="user", value="Alice")
-        own_redis.stop()
+        own_redis_aof.stop()
         async with Client(url) as client:
             failed = await client.call_tool("recall", {"session_id": session_id, "key": "user"}, raise_on_error=False)
             assert "Redis: Error 111 connecting" in error_text(failed)
             assert "session_id" in (await client.call_tool("list_session_info", {})).data
-        own_redis.start()
+        own_redis_aof.start()
         assert await call(url, "recall", session_id=session_id, key="user") == "'user' = 'Alice'"
         await call(url, "remember", session_id=session_id, key="user", value="Bob")
         assert await call(url, "recall", session_id=session_id, key="user") == "'user' = 'Bob'"
 
 
-async def test_redis_outage_fails_every_call_of_a_handshake_session_until_it_returns(own_redis: OwnRedis) -> None:
+async def test_redis_outage_fails_every_call_of_a_handshake_session_until_it_returns(
+    own_redis_aof: RedisServer,
+) -> None:
     # FastMCP reads a handshake session's visibility rules from the state store on every
     # request, so while the store is down even tools that keep no state fail.
     async with (
-        open_store(f"redis://127.0.0.1:{own_redis.port}/0", timeout=1) as store,
+        open_store(f"redis://127.0.0.1:{own_redis_aof.port}/0", timeout=1) as store,
         connected_client(store) as client,
     ):
         await client.call_tool("set_value", {"key": "user", "value": "Alice"})
-        own_redis.stop()
+        own_redis_aof.stop()
         for tool in ["get_value", "ping"]:
             with pytest.raises(MCPError, match="Redis: Error 111 connecting"):
                 await client.call_tool(tool, {"key": "user"} if tool == "get_value" else {})
-        own_redis.start()
+        own_redis_aof.start()
         assert (await client.call_tool("ping", {})).data == "pong"
         assert (await client.call_tool("get_value", {"key": "user"})).data == "Alice"

@@ -25,7 +25,6 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
-import tests.hypothesis_profiles  # noqa: F401  (registers and loads the profiles)
 from kvstores import MAX_KEY_LENGTH, MAX_TTL_SECONDS
 from tests.support import Backend
 

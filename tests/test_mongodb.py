@@ -22,19 +22,20 @@ from kvstores import (
     open_store,
 )
 from kvstores.backends.mongodb import MongoDBStore
-from tests.support import Unavailable, assert_connection_errors, is_required
+from tests.support import Unavailable
+from tests.support.fixtures import assert_connection_errors, rows, skip_or_fail
 from tests.support.mongodb import MongoDBBackend, SecantusServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.mongodb]
 
-both_clients = pytest.mark.parametrize("backend", ["mongodb", "mongodb-motor"], indirect=True)
+both_clients = pytest.mark.parametrize("backend", rows("mongodb", "mongodb-motor"), indirect=True)
 """Run a test with a store that creates its pymongo client, and with a motor client."""
 
 
 @pytest.fixture
 async def raw(backend: MongoDBBackend, store: MongoDBStore) -> AsyncIterator[Any]:
     """The store's MongoDB collection, through a separate pymongo client."""
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(backend.url, tz_aware=True)
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(backend.server_url, tz_aware=True)
     yield client[store.database][store.mongo_collection]
     await client.close()
 
@@ -155,12 +156,12 @@ async def test_stored_document_without_text_is_a_deserialization_error(store: Mo
         await store.get("alien")
 
 
-@pytest.mark.parametrize("backend", ["mongodb"], indirect=True)
+@pytest.mark.parametrize("backend", rows("mongodb"), indirect=True)
 async def test_user_client_is_not_closed(backend: MongoDBBackend, namespace: str) -> None:
     from motor.motor_asyncio import AsyncIOMotorClient
 
-    pymongo_client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(backend.url)
-    motor_client: AsyncIOMotorClient[dict[str, Any]] = AsyncIOMotorClient(backend.url)
+    pymongo_client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(backend.server_url)
+    motor_client: AsyncIOMotorClient[dict[str, Any]] = AsyncIOMotorClient(backend.server_url)
     try:
         for client in (pymongo_client, motor_client):
             async with MongoDBStore(client, **backend.options(namespace, {})) as store:
@@ -211,9 +212,7 @@ def server(tmp_path: Path) -> Any:
     try:
         server.start()
     except Unavailable as exc:
-        if is_required("mongodb"):
-            pytest.fail(f"{exc} (required by KVSTORES_REQUIRE)")
-        pytest.skip(str(exc))
+        skip_or_fail("mongodb", str(exc))
     yield server
     server.stop()
 

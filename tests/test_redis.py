@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import signal
-import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -19,16 +17,17 @@ from redis.asyncio.connection import SSLConnection
 
 from kvstores import DeserializationError, open_store
 from kvstores.backends.redis import RedisStore
-from tests.support import Unavailable, assert_connection_errors, is_required
-from tests.support.redis import REDIS_URL, RedisClusterBackend, free_port, start_server, stop_server
+from tests.support import free_port
+from tests.support.fixtures import assert_connection_errors, rows
+from tests.support.redis import REDIS_URL, RedisBackend, RedisServer, own_redis
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
-both = pytest.mark.parametrize("backend", ["redis", "redis-cluster"], indirect=True)
+both = pytest.mark.parametrize("backend", rows("redis", "redis-cluster"), indirect=True)
 """Run a test on the machine's Redis and on the 3-master Cluster."""
 
-cluster = pytest.mark.parametrize("backend", ["redis-cluster"], indirect=True)
-standalone = pytest.mark.parametrize("backend", ["redis"], indirect=True)
+cluster = pytest.mark.parametrize("backend", rows("redis-cluster"), indirect=True)
+standalone = pytest.mark.parametrize("backend", rows("redis"), indirect=True)
 
 
 def redis_key(store: RedisStore, collection: str, key: str) -> str:
@@ -192,11 +191,8 @@ async def test_waiting_operations_can_be_cancelled(backend: Any, namespace: str)
 
 
 @both
-async def test_user_client_is_not_closed(backend: Any, namespace: str) -> None:
-    if isinstance(backend, RedisClusterBackend):
-        client: Redis | RedisCluster = RedisCluster.from_url(f"redis://127.0.0.1:{backend.ports[0]}")
-    else:
-        client = Redis.from_url(REDIS_URL)
+async def test_user_client_is_not_closed(backend: RedisBackend, namespace: str) -> None:
+    client = backend.async_client()
     try:
         async with RedisStore(client=client, prefix=namespace) as store:
             # concurrent first commands on a fresh client (redis-py's Cluster discovery race)
@@ -267,23 +263,18 @@ async def test_url_and_options(namespace: str) -> None:
 
 
 @pytest.fixture
-def own_server() -> Iterator[tuple[int, Path, list[subprocess.Popen[bytes]]]]:
-    """A redis-server on a free port: (port, folder, [process]); the test may replace the process."""
-    folder = Path(tempfile.mkdtemp(prefix="kvstores-fault-"))
-    port = free_port()
-    try:
-        processes = [start_server(port, folder)]
-    except Unavailable as exc:
-        shutil.rmtree(folder, ignore_errors=True)
-        if is_required("redis"):
-            pytest.fail(f"{exc} (required by KVSTORES_REQUIRE)")
-        pytest.skip(str(exc))
-    yield port, folder, processes
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGCONT)
-            stop_server(process)
-    shutil.rmtree(folder, ignore_errors=True)
+def folder() -> Iterator[Path]:
+    """A short folder of the test's own (a unix socket's path must stay short)."""
+    path = Path(tempfile.mkdtemp(prefix="kvstores-fault-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def own_server(folder: Path) -> Iterator[RedisServer]:
+    """A redis-server on a free port, which the test may stop, pause and start again."""
+    with own_redis(folder) as server:
+        yield server
 
 
 async def expect_unreachable(store: RedisStore, timeout: float) -> None:
@@ -307,45 +298,42 @@ async def workload(store: RedisStore) -> None:
     assert await store.get_many([f"k{i}" for i in range(100)]) == [{"i": i} for i in range(100)]
 
 
-async def test_server_stopped_and_restarted(own_server: tuple[int, Path, list[subprocess.Popen[bytes]]]) -> None:
-    port, folder, processes = own_server
-    store = RedisStore(f"redis://127.0.0.1:{port}/0")  # default options: timeout 5 s
+async def test_server_stopped_and_restarted(own_server: RedisServer) -> None:
+    store = RedisStore(f"redis://127.0.0.1:{own_server.port}/0")  # default options: timeout 5 s
     try:
         await workload(store)
-        stop_server(processes[0])
+        own_server.stop()
         await expect_unreachable(store, timeout=5)
-        processes.append(start_server(port, folder))
+        own_server.start()
         await workload(store)  # the same store object, with no ceremony
         assert len(await store.keys()) == 100
     finally:
         await store.aclose()
 
 
-async def test_server_hung_then_resumed(own_server: tuple[int, Path, list[subprocess.Popen[bytes]]]) -> None:
-    port, _, processes = own_server
-    store = RedisStore(f"redis://127.0.0.1:{port}/0", timeout=0.5)
+async def test_server_hung_then_resumed(own_server: RedisServer) -> None:
+    store = RedisStore(f"redis://127.0.0.1:{own_server.port}/0", timeout=0.5)
     try:
         await workload(store)
-        processes[0].send_signal(signal.SIGSTOP)  # accepts connections, never answers
+        own_server.pause()
         await expect_unreachable(store, timeout=0.5)
-        processes[0].send_signal(signal.SIGCONT)
+        own_server.resume()
         await workload(store)
     finally:
         await store.aclose()
 
 
-async def test_unix_socket(own_server: tuple[int, Path, list[subprocess.Popen[bytes]]]) -> None:
-    _, folder, processes = own_server
+async def test_unix_socket(folder: Path) -> None:
     socket_path = folder / "redis.sock"
-    processes.append(start_server(free_port(), folder, "--unixsocket", str(socket_path)))
-    store = open_store(f"unix://{socket_path}?db=3&prefix=p")
-    try:
-        await store.put("k", {"v": 1}, ttl=5)
-        value, remaining = await store.ttl("k")
-        assert value == {"v": 1}
-        assert remaining is not None and 4 < remaining <= 5
-    finally:
-        await store.aclose()
+    with own_redis(folder, "--unixsocket", str(socket_path)):
+        store = open_store(f"unix://{socket_path}?db=3&prefix=p")
+        try:
+            await store.put("k", {"v": 1}, ttl=5)
+            value, remaining = await store.ttl("k")
+            assert value == {"v": 1}
+            assert remaining is not None and 4 < remaining <= 5
+        finally:
+            await store.aclose()
 
 
 async def test_nothing_listening() -> None:

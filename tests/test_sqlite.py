@@ -1,16 +1,18 @@
-"""SQLite-specific guarantees: persistence, several processes, schema, sweeping, corruption."""
+"""SQLite-specific guarantees: persistence, schema, sweeping, lock timeouts, URLs.
+
+Several processes on one file: test_multiprocess.py; corrupt values: test_adversarial.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from kvstores.backends.sqlite import SCHEMA_VERSION, SQLiteStore
-from kvstores.errors import DeserializationError, KVStoreError, StoreConnectionError
+from kvstores.errors import KVStoreError, StoreConnectionError
 
 pytestmark = pytest.mark.anyio
 
@@ -62,20 +64,6 @@ async def test_expired_rows_are_swept(tmp_path: Path) -> None:
         assert _rows(path) == 2
 
 
-async def test_corrupt_value_raises_naming_the_key(tmp_path: Path) -> None:
-    path = tmp_path / "state.db"
-    async with SQLiteStore(path) as store:
-        await store.put("victim", {"v": 1})
-        with sqlite3.connect(path) as db:
-            db.execute("UPDATE kvstores_entries SET value = '{not json' WHERE key = 'victim'")
-        with pytest.raises(DeserializationError, match="victim"):
-            await store.get("victim")
-        with sqlite3.connect(path) as db:
-            db.execute("UPDATE kvstores_entries SET value = '[1, 2]' WHERE key = 'victim'")
-        with pytest.raises(DeserializationError, match="victim"):
-            await store.get_many(["victim"])
-
-
 async def test_lock_timeout_is_a_connection_error(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with SQLiteStore(path, timeout=0.2) as store:
@@ -91,32 +79,6 @@ async def test_lock_timeout_is_a_connection_error(tmp_path: Path) -> None:
             blocker.close()
         await store.put("k", {"v": 3})
         assert await store.get("k") == {"v": 3}
-
-
-def _writer(path: str, worker: int, count: int) -> None:
-    async def write() -> None:
-        async with SQLiteStore(path) as store:
-            for i in range(count):
-                await store.put(f"w{worker}-{i}", {"worker": worker, "i": i})
-
-    asyncio.run(write())
-
-
-async def test_four_processes_share_one_file(tmp_path: Path) -> None:
-    path = str(tmp_path / "shared.db")
-    async with SQLiteStore(path) as store:
-        await store.put("init", {"v": 0})
-    context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=_writer, args=(path, worker, 1000)) for worker in range(4)]
-    for process in workers:
-        process.start()
-    for process in workers:
-        process.join(120)
-    assert [process.exitcode for process in workers] == [0, 0, 0, 0]
-    async with SQLiteStore(path) as store:
-        for worker in range(4):
-            keys = [f"w{worker}-{i}" for i in range(1000)]
-            assert await store.get_many(keys) == [{"worker": worker, "i": i} for i in range(1000)]
 
 
 def test_url_forms() -> None:

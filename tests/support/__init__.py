@@ -1,43 +1,82 @@
-"""The table of backends the project's tests run against, and what each needs.
+"""Every helper of the project's tests; above all the table of backends the tests run against.
 
-Each row is a :class:`Backend`: ``start()`` once per test session (start or reach the
-service), ``open(namespace)`` a store on an isolated namespace (a fresh prefix, database
-or file), ``stop()`` at the end. A backend whose service is missing is skipped, unless
-``KVSTORES_REQUIRE`` (comma-separated names) names it: then its tests fail instead.
+The package::
+
+    __init__.py          the table (BACKENDS), the Backend contract, free_port, stop_process
+    fixtures.py          the pytest side: rows of the table with their markers, the fixtures
+                         (backend, namespace, store, peer_store), TableStores, skip_or_fail,
+                         assert_connection_errors; tests/conftest.py registers it as a plugin
+    local.py             memory and SQLite entries
+    redis.py             the machine's Redis, a 3-master Cluster, redis-server processes
+    mongodb.py           MongoDB (KVSTORES_MONGODB_URL) or a SecantusDB server, by pymongo and by motor
+    events.py            MCP servers, raw SSE and a failing store for the event-store tests
+    examples.py          the persistent_state example scripts run as processes
+    workers.py           child processes of the crash and multi-process tests
+    hypothesis_profiles  the "ci" (default) and "long" hypothesis profiles
+
+This module imports neither pytest nor a driver: the child processes of workers.py import it
+and must start fast (the crash test kills them at start-up).
+
+Adding a backend = one ``tests/support/<backend>.py`` with a :class:`Backend` subclass + one
+line in :data:`BACKENDS`. Every test that takes the ``backend``, ``store`` or ``peer_store``
+fixture, the conformance suites, the model test, the corrupt-data and multi-process tests
+then run against it, and its marker selects or deselects it (``pytest -m "not mongodb"``).
+A table entry (a :class:`Backend` subclass) implements:
+
+- ``name``: the row's id, as in :data:`BACKENDS`.
+- ``start()``: start or reach the service once per session; raise :class:`Unavailable` when it
+  cannot be had (its tests are then skipped, or fail when KVSTORES_REQUIRE names the marker).
+  ``stop()``: undo start() at the end of the session (drop what the tests created).
+- ``url(namespace) -> (url, options)``: a URL and constructor options with which
+  ``kvstores.open_store(url, **options)``, in this or another process, opens a store on
+  ``namespace``: an isolated space (a key prefix, a database table or collection, a file) no
+  other namespace sees. Two stores opened on one namespace share their data.
+- ``open(namespace, **options)`` (async): a new store object on ``namespace``; ``options``
+  override the store's constructor options. The default opens ``url(namespace)``; override it
+  only to hand the store something a URL cannot carry (a client object).
+- ``corrupt(store, key, raw)``: overwrite the stored value of ``key`` (default collection) with
+  ``raw`` (a str, bytes or int) behind the store's back, so that reading it must raise
+  DeserializationError; call ``pytest.skip`` for a ``raw`` the backend cannot hold.
+- Attributes, when the defaults do not fit: ``persistent`` (False: each store object has its
+  own data, so no peer_store, no tenants, no other process), ``processes`` (False: skip the
+  several-processes test: nothing shared, or a row that differs from another only in the client
+  object) and ``process_operations`` (operations each process of that test runs).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import socket
 import subprocess
-import time
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import pytest
-
-BACKENDS = {
-    "memory": "tests.support.local:MemoryBackend",
-    "sqlite": "tests.support.local:SQLiteBackend",
-    "redis": "tests.support.redis:RedisBackend",
-    "redis-cluster": "tests.support.redis:RedisClusterBackend",
-    "mongodb": "tests.support.mongodb:MongoDBBackend",
-    "mongodb-motor": "tests.support.mongodb:MotorBackend",
+BACKENDS: dict[str, tuple[str, str]] = {
+    "memory": ("memory", "tests.support.local:MemoryBackend"),
+    "sqlite": ("sqlite", "tests.support.local:SQLiteBackend"),
+    "redis": ("redis", "tests.support.redis:RedisBackend"),
+    "redis-cluster": ("redis", "tests.support.redis:RedisClusterBackend"),
+    "mongodb": ("mongodb", "tests.support.mongodb:MongoDBBackend"),
+    "mongodb-motor": ("mongodb", "tests.support.mongodb:MotorBackend"),
 }
-"""Backend name -> "module:Class" of its test support."""
+"""Row id -> (pytest marker, "module:Class" of its entry). The marker also names the service
+in KVSTORES_REQUIRE; classes are imported on first use, so a missing driver skips its rows."""
 
 
 class Unavailable(Exception):
-    """Raised by Backend.start() when its service cannot be had on this machine."""
+    """Raised when a service a test needs cannot be had on this machine."""
 
 
 class Backend:
-    """How the tests reach one backend."""
+    """One entry of the table: how the tests reach one backend (the contract is in the module docstring)."""
 
     name = ""
     persistent = True
     """True when two store objects on one namespace share data (all but memory)."""
+    processes = True
+    """True when the several-processes test runs on this row."""
+    process_operations = 2_000
+    """Operations each process of the several-processes test runs."""
 
     def start(self) -> None:
         """Start or reach the service; raise Unavailable when it cannot be had."""
@@ -45,43 +84,55 @@ class Backend:
     def stop(self) -> None:
         """Stop what start() started."""
 
+    def url(self, namespace: str) -> tuple[str, dict[str, Any]]:
+        """A URL and options that open a store on ``namespace``, from any process."""
+        raise NotImplementedError(f"{self.name}: no URL opens its stores")
+
     async def open(self, namespace: str, **options: Any) -> Any:
         """A new store object on ``namespace``: stores on one namespace share data."""
-        raise NotImplementedError
+        from kvstores import open_store
+
+        url, defaults = self.url(namespace)
+        return open_store(url, **{**defaults, **options})
+
+    def corrupt(self, store: Any, key: str, raw: str | bytes | int) -> None:
+        """Overwrite the stored value of ``key`` (default collection) with ``raw``, bypassing ``store``."""
+        raise NotImplementedError(f"{self.name}: corrupt() is not written")
 
 
-def required() -> set[str]:
-    """Backends named by KVSTORES_REQUIRE (a service missing for one of these is a failure)."""
-    return {name.strip() for name in os.environ.get("KVSTORES_REQUIRE", "").split(",") if name.strip()}
-
-
-def is_required(name: str) -> bool:
-    """True if the backend ``name`` (or its family, e.g. 'redis' for 'redis-cluster') is required."""
-    wanted = required()
-    return name in wanted or name.split("-")[0] in wanted
+def marker(name: str) -> str:
+    """The pytest marker of row ``name`` (also its service's name in KVSTORES_REQUIRE)."""
+    return BACKENDS[name][0]
 
 
 def load(name: str) -> Backend:
-    """Instantiate the test support of backend ``name``."""
-    module_name, _, class_name = BACKENDS[name].partition(":")
+    """Instantiate the entry of row ``name``."""
+    module_name, _, class_name = BACKENDS[name][1].partition(":")
     backend: Backend = getattr(importlib.import_module(module_name), class_name)()
     return backend
 
 
-async def assert_connection_errors(
-    operations: Sequence[Callable[[], Awaitable[Any]]],
-    within: float,
-    cause: type[BaseException] | tuple[type[BaseException], ...],
-) -> None:
-    """Each operation raises StoreConnectionError within ``within`` seconds, caused by ``cause``."""
-    from kvstores.errors import StoreConnectionError
+def is_required(service: str) -> bool:
+    """True if KVSTORES_REQUIRE (comma-separated) names ``service`` (a marker, e.g. 'redis')."""
+    return service in {name.strip() for name in os.environ.get("KVSTORES_REQUIRE", "").split(",")}
 
-    for operation in operations:
-        started = time.monotonic()
-        with pytest.raises(StoreConnectionError) as caught:
-            await operation()
-        assert time.monotonic() - started < within
-        assert isinstance(caught.value.__cause__, cause)
+
+def free_port(*, plus: int = 0) -> int:
+    """A free loopback port; with ``plus``, port + plus is free too (a Redis Cluster node's bus)."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port: int = probe.getsockname()[1]
+        if not plus:
+            return port
+        if port + plus < 65_536:
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + plus))
+                except OSError:
+                    continue
+            return port
+    raise Unavailable(f"no free loopback port pair {plus} apart")
 
 
 def stop_process(process: subprocess.Popen[Any], timeout: float = 15) -> None:
@@ -93,17 +144,3 @@ def stop_process(process: subprocess.Popen[Any], timeout: float = 15) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-
-
-class TableStores:
-    """Mixin for a conformance suite class: its ``store``/``peer_store`` come from the backend table."""
-
-    @pytest.fixture
-    def store(self, backend_store: Any) -> Any:
-        """The table's store (see tests/conftest.py)."""
-        return backend_store
-
-    @pytest.fixture
-    def peer_store(self, backend_peer_store: Any) -> Any:
-        """A second store object on the same namespace."""
-        return backend_peer_store

@@ -1,4 +1,4 @@
-"""MongoDB for the tests: a real server from KVSTORES_MONGODB_URL, else SecantusDB.
+"""MongoDB entries of the table: a real server from KVSTORES_MONGODB_URL, else SecantusDB.
 
 SecantusDB (a MongoDB-wire server, test-only) runs in a subprocess so that a hang in it
 can never block the test process. Each namespace is its own MongoDB collection (the
@@ -115,6 +115,8 @@ class MongoDBBackend(Backend):
     """MongoDBStore from a URL: it creates and closes its own pymongo AsyncMongoClient."""
 
     name = "mongodb"
+    process_operations = 300
+    """SecantusDB serves ~70 operations a second to 4 processes (a real MongoDB: full count)."""
 
     def start(self) -> None:
         self.server: SecantusServer | None = None
@@ -123,7 +125,9 @@ class MongoDBBackend(Backend):
         if url is None:
             self.server = _acquire_secantus()
             url = self.server.url
-        self.url = url
+        else:
+            self.process_operations = Backend.process_operations
+        self.server_url = url
         self.database = str(parse_uri(url)["database"] or TEST_DATABASE)
 
     def stop(self) -> None:
@@ -133,31 +137,43 @@ class MongoDBBackend(Backend):
             self._drop_created()
 
     def _drop_created(self) -> None:
-        client: MongoClient[dict[str, Any]] = MongoClient(self.url, serverSelectionTimeoutMS=5000)
-        with client:
+        with self._client() as client:
             database = client[self.database]
             for name in self.created:
                 database.drop_collection(name)
+
+    def _client(self) -> MongoClient[dict[str, Any]]:
+        return MongoClient(self.server_url, serverSelectionTimeoutMS=5000)
 
     def options(self, namespace: str, options: dict[str, Any]) -> dict[str, Any]:
         """Store options isolating ``namespace``; explicit ``options`` win."""
         self.created.add(namespace)
         return {"database": self.database, "collection": namespace, **options}
 
-    async def open(self, namespace: str, **options: Any) -> MongoDBStore:
-        return MongoDBStore(self.url, **self.options(namespace, options))
+    def url(self, namespace: str) -> tuple[str, dict[str, Any]]:
+        return self.server_url, self.options(namespace, {})
+
+    def corrupt(self, store: Any, key: str, raw: str | bytes | int) -> None:
+        with self._client() as client:
+            entries = client[store.database][store.mongo_collection]
+            # the layout test_mongodb.py pins: _id = <length of the collection>:<collection><key>
+            assert entries.update_one({"_id": f"7:default{key}"}, {"$set": {"v": raw}}).matched_count == 1
 
 
 class MotorBackend(MongoDBBackend):
     """MongoDBStore on the session's one motor AsyncIOMotorClient, which the tests own."""
 
     name = "mongodb-motor"
+    processes = False
+    """Other processes open the "mongodb" row's URL: the client object is all this row adds."""
 
     def start(self) -> None:
         from motor.motor_asyncio import AsyncIOMotorClient
 
         super().start()
-        self.client: AsyncIOMotorClient[dict[str, Any]] = AsyncIOMotorClient(self.url, serverSelectionTimeoutMS=5000)
+        self.client: AsyncIOMotorClient[dict[str, Any]] = AsyncIOMotorClient(
+            self.server_url, serverSelectionTimeoutMS=5000
+        )
 
     def stop(self) -> None:
         self.client.close()

@@ -1,8 +1,9 @@
 """Child processes of the reliability suite (tests/test_crash.py, tests/test_multiprocess.py).
 
-Run as ``python -m tests.workers crash PATH FIRST_GENERATION`` from the repository root, or
-as multiprocessing targets. Kept apart from the test modules so that a child imports only
-kvstores and what its backend needs.
+Run as ``python -m tests.support.workers crash PATH FIRST_GENERATION`` from the repository
+root, or as multiprocessing targets. Kept apart from the test modules so that a child imports
+only kvstores, what its backend needs and tests/support/__init__.py (no pytest: the crash
+test kills children at start-up, so they must start fast).
 """
 
 from __future__ import annotations

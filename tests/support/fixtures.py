@@ -1,0 +1,124 @@
+"""The pytest side of the backend table: marked rows, the shared fixtures, skip-or-fail.
+
+tests/conftest.py registers this module as a plugin, so its fixtures serve every test.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any, NoReturn
+
+import pytest
+
+import tests.support.hypothesis_profiles  # noqa: F401  # registers the "ci" (default) and "long" profiles
+from tests.support import BACKENDS, Backend, Unavailable, is_required, load, marker
+
+
+def skip_or_fail(service: str, reason: str) -> NoReturn:
+    """Skip for lack of ``service`` (a marker, e.g. 'redis'), or fail when KVSTORES_REQUIRE names it."""
+    if is_required(service):
+        pytest.fail(f"{reason} (required by KVSTORES_REQUIRE)")
+    pytest.skip(reason)
+
+
+def rows(*names: str) -> list[Any]:
+    """Rows of the table (all by default) as parameters of ``backend``, each with its marker.
+
+    Use ``@pytest.mark.parametrize("backend", rows("redis"), indirect=True)`` to pick rows.
+    """
+    return [pytest.param(name, marks=getattr(pytest.mark, marker(name)), id=name) for name in names or BACKENDS]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def started() -> Iterator[dict[str, Backend | str]]:
+    """Rows started so far in this session: name -> Backend, or the reason it is missing."""
+    backends: dict[str, Backend | str] = {}
+    yield backends
+    for backend in backends.values():
+        if isinstance(backend, Backend):
+            backend.stop()
+
+
+@pytest.fixture(params=rows())
+def backend(request: pytest.FixtureRequest, started: dict[str, Backend | str]) -> Backend:
+    """Each row of the table in turn, started once per session (skip or fail when it cannot be)."""
+    name: str = request.param
+    if name not in started:
+        try:
+            entry = load(name)
+            entry.start()
+            started[name] = entry
+        except (Unavailable, ImportError) as exc:
+            started[name] = f"{name} unavailable: {exc}"
+    entry_or_reason = started[name]
+    if isinstance(entry_or_reason, str):
+        skip_or_fail(marker(name), entry_or_reason)
+    return entry_or_reason
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A namespace no other test uses."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def store(backend: Backend, namespace: str) -> AsyncIterator[Any]:
+    """A fresh store on its own namespace, destroyed afterwards."""
+    opened = await backend.open(namespace)
+    yield opened
+    await opened.aclose()
+    cleaner = await backend.open(namespace)
+    await cleaner.destroy()
+    await cleaner.aclose()
+
+
+@pytest.fixture
+async def peer_store(backend: Backend, namespace: str, store: Any) -> AsyncIterator[Any]:
+    """A second store object on the same namespace as ``store``."""
+    if not backend.persistent:
+        pytest.skip(f"{backend.name}: each store object has its own data")
+    peer = await backend.open(namespace)
+    yield peer
+    await peer.aclose()
+
+
+class TableStores:
+    """Mixin for a conformance suite class: hands it the table's ``store`` and ``peer_store``.
+
+    The suites declare both fixtures in the class (``store`` abstract); these overrides request
+    the fixtures of the same name above, so each is defined once.
+    """
+
+    @pytest.fixture
+    def store(self, store: Any) -> Any:
+        """The table's store."""
+        return store
+
+    @pytest.fixture
+    def peer_store(self, peer_store: Any) -> Any:
+        """The table's second store object on the same namespace."""
+        return peer_store
+
+
+async def assert_connection_errors(
+    operations: Sequence[Callable[[], Awaitable[Any]]],
+    within: float,
+    cause: type[BaseException] | tuple[type[BaseException], ...],
+) -> None:
+    """Each operation raises StoreConnectionError within ``within`` seconds, caused by ``cause``."""
+    from kvstores.errors import StoreConnectionError
+
+    for operation in operations:
+        started = time.monotonic()
+        with pytest.raises(StoreConnectionError) as caught:
+            await operation()
+        assert time.monotonic() - started < within
+        assert isinstance(caught.value.__cause__, cause)
