@@ -120,11 +120,13 @@ def _check_structure(value: dict[str, Any]) -> None:
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise SerializationError(f"value is nested deeper than {MAX_DEPTH} levels")
+            raise SerializationError(f"cannot serialize value: nested deeper than {MAX_DEPTH} levels")
         if isinstance(node, dict):
             for k, v in node.items():
                 if k.__class__ is not str and not isinstance(k, str):
-                    raise SerializationError(f"dict keys must be str, found {type(k).__name__} key {k!r}")
+                    raise SerializationError(
+                        f"cannot serialize value: dict keys must be str, found {type(k).__name__} key {k!r}"
+                    )
                 if v.__class__ in _CONTAINERS or (v.__class__ not in _SCALARS and isinstance(v, _CONTAINERS)):
                     stack.append((v, depth + 1))
         else:
@@ -132,25 +134,29 @@ def _check_structure(value: dict[str, Any]) -> None:
 
 
 def encode_value(value: Mapping[str, Any]) -> str:
-    """Validate ``value`` and return its compact JSON text; raise SerializationError."""
+    """Validate ``value`` and return its compact JSON text; raise SerializationError.
+
+    Every message starts "cannot serialize value": FastMCP's ``Context.set_state`` looks for
+    "serialize" in a ValueError to tell the user about ``serializable=False``.
+    """
     if type(value) is not dict:
         if not isinstance(value, Mapping):
-            raise SerializationError(f"value must be a Mapping with str keys, not {type(value).__name__}")
+            raise SerializationError(f"cannot serialize value: not a Mapping with str keys but {type(value).__name__}")
         value = dict(value)
     try:
         text = _encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise SerializationError(f"value is not JSON: {exc}") from exc
+        raise SerializationError(f"cannot serialize value: {exc}") from exc
     _check_structure(value)
     if not text.isascii():
         try:
             size = len(text.encode("utf-8"))
         except UnicodeEncodeError as exc:
-            raise SerializationError("value contains a lone surrogate, which is not valid UTF-8") from exc
+            raise SerializationError("cannot serialize value: a lone surrogate is not valid UTF-8") from exc
     else:
         size = len(text)
     if size > MAX_VALUE_BYTES:
-        raise ValueTooLargeError(f"value encodes to {size} bytes; the limit is {MAX_VALUE_BYTES}")
+        raise ValueTooLargeError(f"cannot serialize value: it encodes to {size} bytes; the limit is {MAX_VALUE_BYTES}")
     return text
 
 

@@ -101,6 +101,10 @@ class BaseStore(abc.ABC):
             self._closed = True
             await self._close()
 
+    async def close(self) -> None:
+        """The same as ``aclose()``: py-key-value's stores are closed with ``close()``."""
+        await self.aclose()
+
     @property
     def closed(self) -> bool:
         """True once ``aclose()`` has been called."""

@@ -16,9 +16,26 @@ written against plain Python exceptions keeps working::
 
 Driver exceptions never escape raw: each backend translates them in one place and
 chains the original as ``__cause__``.
+
+When py-key-value (``key_value.aio``) is installed, each class also derives from its
+py-key-value counterpart, so code ported from py-key-value (and FastMCP, which catches
+``key_value.aio.errors.SerializationError``) catches kvstores errors unchanged:
+KVStoreError is a BaseKeyValueError; InvalidKeyError, InvalidTTLError,
+SerializationError, ValueTooLargeError, DeserializationError and StoreConnectionError are
+their namesakes; StoreClosedError is a KeyValueStoreError and ConflictError a
+KeyValueOperationError. py-key-value is never required.
 """
 
 from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+_py_key_value: ModuleType | None
+try:
+    from key_value.aio import errors as _py_key_value
+except ImportError:  # py-key-value is optional: without it the tree stands alone
+    _py_key_value = None
 
 __all__ = [
     "ConflictError",
@@ -33,37 +50,45 @@ __all__ = [
 ]
 
 
-class KVStoreError(Exception):
+def _also(name: str) -> tuple[type[Any], ...]:
+    """py-key-value's error class ``name`` as an extra base, when py-key-value is installed.
+
+    (mypy cannot follow a computed base, hence the ``type: ignore[misc]`` on each class.)
+    """
+    return () if _py_key_value is None else (getattr(_py_key_value, name),)
+
+
+class KVStoreError(*_also("BaseKeyValueError"), Exception):  # type: ignore[misc]
     """Base class of every error raised by kvstores."""
 
 
-class InvalidKeyError(KVStoreError, ValueError):
+class InvalidKeyError(KVStoreError, ValueError, *_also("InvalidKeyError")):  # type: ignore[misc]
     """A key or collection name is not a str, too long, empty (collections) or has lone surrogates."""
 
 
-class InvalidTTLError(KVStoreError, ValueError):
+class InvalidTTLError(KVStoreError, ValueError, *_also("InvalidTTLError")):  # type: ignore[misc]
     """A TTL is not a finite number of seconds in (0, MAX_TTL_SECONDS]."""
 
 
-class SerializationError(KVStoreError, ValueError):
+class SerializationError(KVStoreError, ValueError, *_also("SerializationError")):  # type: ignore[misc]
     """A value is not a mapping of JSON content (NaN, bytes, sets, non-str keys, cycles...)."""
 
 
-class ValueTooLargeError(SerializationError):
+class ValueTooLargeError(SerializationError, *_also("ValueTooLargeError")):  # type: ignore[misc]
     """A value's encoded size exceeds the store's limit."""
 
 
-class DeserializationError(KVStoreError):
+class DeserializationError(KVStoreError, *_also("DeserializationError")):  # type: ignore[misc]
     """Stored data could not be decoded back into a dict."""
 
 
-class StoreConnectionError(KVStoreError, ConnectionError):
+class StoreConnectionError(KVStoreError, ConnectionError, *_also("StoreConnectionError")):  # type: ignore[misc]
     """The backend could not be reached, or did not answer within the timeout."""
 
 
-class StoreClosedError(KVStoreError):
+class StoreClosedError(KVStoreError, *_also("KeyValueStoreError")):  # type: ignore[misc]
     """The store was used after ``aclose()``."""
 
 
-class ConflictError(KVStoreError):
+class ConflictError(KVStoreError, *_also("KeyValueOperationError")):  # type: ignore[misc]
     """``update()`` lost the race to concurrent writers more times than its retry bound allows."""
