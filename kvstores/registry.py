@@ -8,13 +8,17 @@ whose value is ``"module:Class"``; the class must offer ``from_url(url, **option
 from __future__ import annotations
 
 import importlib
+import os
 from importlib.metadata import entry_points
 from typing import Any, cast
 from urllib.parse import urlsplit
 
 from kvstores.base import BaseStore
 
-__all__ = ["ENTRY_POINT_GROUP", "SCHEMES", "open_store"]
+__all__ = ["ENTRY_POINT_GROUP", "SCHEMES", "URL_VARIABLE", "open_store"]
+
+URL_VARIABLE = "KVSTORES_URL"
+"""Environment variable :func:`open_store` reads when it is given no URL."""
 
 ENTRY_POINT_GROUP = "kvstores.backends"
 """Entry-point group through which other packages register URL schemes."""
@@ -45,12 +49,18 @@ def _target(scheme: str) -> str:
     )
 
 
-def open_store(url: str, **options: Any) -> BaseStore:
+def open_store(url: str | None = None, **options: Any) -> BaseStore:
     """Return an (unconnected) store for ``url``; ``options`` go to the store's constructor.
 
     Examples: ``memory://``, ``sqlite:///state.db``, ``redis://localhost:6379/0``,
-    ``mongodb://localhost:27017/kvstores``.
+    ``mongodb://localhost:27017/kvstores``. Without ``url``, the URL is read from the
+    ``KVSTORES_URL`` environment variable, so a deployment switches backends without a
+    code change.
     """
+    if url is None:
+        url = os.environ.get(URL_VARIABLE)
+        if not url:
+            raise ValueError(f"open_store() was given no URL and ${URL_VARIABLE} is not set")
     scheme = urlsplit(url).scheme.lower()
     if not scheme:
         raise ValueError(f"{url!r} is not a store URL (expected e.g. memory://, sqlite:///file.db)")

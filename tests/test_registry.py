@@ -62,3 +62,16 @@ def test_third_party_scheme_through_entry_point(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)}
     )
     assert result.stdout.split() == ["ThirdPartyStore", "thirdparty://x", "7"], result.stderr
+
+
+def test_open_store_without_url_reads_kvstores_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSTORES_URL", "memory://?max_entries=7")
+    store = open_store()
+    assert isinstance(store, MemoryStore)
+    assert store._cache.maxsize == 7
+
+
+def test_open_store_without_url_or_variable_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KVSTORES_URL", raising=False)
+    with pytest.raises(ValueError, match=r"\$KVSTORES_URL is not set"):
+        open_store()
