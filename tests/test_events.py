@@ -156,6 +156,29 @@ async def test_store_replays_in_another_process(store: Any, peer_store: Any) -> 
     assert (stream_id, sent.ids) == ("s", ids)
 
 
+async def test_store_processes_appending_to_one_stream_lose_no_event(store: Any, peer_store: Any) -> None:
+    """Two server processes append to one stream id at once: no event overwrites another.
+
+    There is no read-modify-write to race on: each process numbers its events in memory under
+    its own random stream token, so its ring keys are its own. Every event stays replayable
+    from any process, and a replay returns exactly the events after its id of that process.
+    """
+    first, second = StoreEventStore(store), StoreEventStore(peer_store)
+
+    async def append(events: StoreEventStore, who: str) -> list[str]:
+        ids = [await events.store_event("shared", None)]
+        for i in range(20):
+            ids.append(await events.store_event("shared", notification(i, who)))
+            await asyncio.sleep(0)
+        return ids
+
+    ids_first, ids_second = await asyncio.gather(append(first, "first"), append(second, "second"))
+    for ids in (ids_first, ids_second):
+        for reader in (first, second):
+            stream_id, sent = await replay(reader, ids[0])
+            assert (stream_id, sent.ids) == ("shared", ids[1:])
+
+
 async def test_store_stream_evicted_from_memory_goes_on_under_a_new_token(store: Any) -> None:
     events = StoreEventStore(store, max_streams=1)
     old = [await events.store_event("a", notification(i)) for i in range(3)]
