@@ -1,19 +1,27 @@
 """``kvstores bench``: measure stores side by side with their raw drivers and py-key-value-aio.
 
-Usage: ``kvstores bench [TARGET ...] [--compare] [--quick] [--json FILE] [--plot FILE.png]``
-(until the console script has the subcommand: ``python -m kvstores.bench ...``).
+Usage: ``kvstores bench [TARGET ...] [--compare] [--quick] [--scaling] [--json FILE] [--plot FILE.png]
+[--markdown FILE.md]`` (``python -m kvstores.bench ...`` is the same command).
 
 TARGET is any store URL; the default is ``memory://`` and a temporary SQLite file. Each
 target runs get, put, put with TTL, ttl, and get_many/put_many/delete_many of 100 keys, at
-value sizes 100 B, 10 KB and 1 MB, with 1 and 64 concurrent tasks, then MCP event-store
-append and replay (when ``mcp`` is installed). It reports ops/s and p50/p99 latency per row.
+value sizes 100 B, 10 KB and 1 MB, with 1 and 64 concurrent tasks; put_if_absent, pop and
+update when the store implements ``kvstores.AtomicStore``; then MCP event-store append,
+replay and append by stream length (``--stream-lengths``, when ``mcp`` is installed). It
+reports ops/s, p50/p99 latency and client CPU per call for every row.
 
 ``--compare`` adds, interleaved in the same run, the raw driver doing the same work (see
 :mod:`kvstores.bench._baselines`), py-key-value-aio's store on the same backend where one
-exists, and fastmcp's EventStore; each row then shows ours/baseline ops/s. ``--scaling``
-adds sweeps over collection size, value size and concurrency; ``--large [BACKENDS]`` adds
-the 1M-key memory/SQLite and 100k-key Redis/MongoDB points, which take minutes to load.
-``--quick`` runs 100 B values only, in shorter rounds (under a minute on the defaults).
+exists, and fastmcp's EventStore; each row then shows ours/baseline ops/s, and the targets
+(:mod:`kvstores.bench._targets`) are judged, every miss listed. ``--scaling`` adds sweeps over
+collection size, value size and concurrency (1 to 256 tasks, every contender); ``--large
+[BACKENDS]`` adds the 1M-key memory/SQLite and 100k-key Redis/MongoDB points, which take
+minutes to load. ``--quick`` runs 100 B values only, in shorter rounds.
+
+``--load FILE`` reads a document ``--json`` wrote instead of measuring, and re-judges the
+targets; with ``--markdown FILE.md`` and ``--plot`` this regenerates BENCHMARKS.md's tables
+and the plots from committed results (see :mod:`kvstores.bench._report`).
+
 Scenario definitions: :mod:`kvstores.bench._scenarios`; the method:
 :mod:`kvstores.bench._measure` and ``benchmarks/BENCHMARKS.md``.
 
@@ -39,8 +47,9 @@ from typing import Any
 
 from kvstores._optional import missing_extra
 from kvstores.bench._measure import Settings
-from kvstores.bench._report import evaluate, plot, print_tables
+from kvstores.bench._report import plot, print_tables, update_markdown
 from kvstores.bench._run import Plan, Progress, run_target
+from kvstores.bench._targets import evaluate
 
 __all__ = ["main"]
 
@@ -51,6 +60,7 @@ _QUICK = Plan(
     compare=False,
     events=True,
     scaling=False,
+    stream_lengths=(10,),
     collection_sizes={"other": (1_000, 10_000)},
     scaling_value_sizes=(100, 10_000, 1_000_000),
     scaling_concurrencies=(1, 16, 64),
@@ -62,12 +72,13 @@ _FULL = Plan(
     compare=False,
     events=True,
     scaling=False,
+    stream_lengths=(10, 100, 1_000),
     collection_sizes={"memory": (1_000, 100_000, 1_000_000), "sqlite": (1_000, 100_000), "other": (1_000, 10_000)},
     scaling_value_sizes=(100, 1_000, 10_000, 100_000, 1_000_000),
     scaling_concurrencies=(1, 4, 16, 64, 256),
 )
 _LARGE = {"memory": (1_000, 100_000, 1_000_000), "sqlite": (1_000, 100_000, 1_000_000), "other": (1_000, 100_000)}
-_FAMILIES = ("memory", "sqlite", "redis", "mongodb")
+_FAMILIES = ("memory", "sqlite", "redis", "mongodb", "postgresql")
 
 
 class _RichProgress(Progress):
@@ -103,10 +114,25 @@ def _parser() -> argparse.ArgumentParser:
         help="with --scaling: 1M memory/SQLite keys, 100k others (default: every backend; or e.g. sqlite,redis)",
     )
     parser.add_argument("--no-events", action="store_true", help="skip the MCP event-store scenarios")
+    parser.add_argument("--no-atomic", action="store_true", help="skip put_if_absent, pop and update")
+    parser.add_argument(
+        "--stream-lengths",
+        type=_lengths,
+        metavar="N,N,...",
+        help="stream lengths of the append@N event rows (default 10,100,1000; --quick 10; '' for none)",
+    )
     parser.add_argument("--rounds", type=int, help="measured rounds per row (after one warm-up round)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="write plots (needs matplotlib: kvstores[plot])")
+    parser.add_argument(
+        "--markdown", type=Path, metavar="FILE.md", help="rewrite the generated tables of FILE.md (e.g. BENCHMARKS.md)"
+    )
+    parser.add_argument("--load", type=Path, metavar="FILE", help="report on a results document instead of measuring")
     return parser
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
 
 
 def _collection_sizes(base: Plan, large: str) -> dict[str, tuple[int, ...]]:
@@ -131,6 +157,8 @@ def _plan(options: argparse.Namespace) -> Plan:
         compare=options.compare,
         events=not options.no_events and importlib.util.find_spec("mcp") is not None,
         scaling=options.scaling,
+        atomic=not options.no_atomic,
+        stream_lengths=base.stream_lengths if options.stream_lengths is None else options.stream_lengths,
         collection_sizes=_collection_sizes(base, options.large),
         scaling_value_sizes=base.scaling_value_sizes,
         scaling_concurrencies=base.scaling_concurrencies,
@@ -168,6 +196,7 @@ def _document(argv: list[str], plan: Plan, results: dict[str, Any], elapsed: flo
             "slice_seconds": plan.settings.slice_seconds,
             "value_sizes": list(plan.value_sizes),
             "concurrencies": list(plan.concurrencies),
+            "stream_lengths": list(plan.stream_lengths),
             "compare": plan.compare,
         },
         "elapsed_seconds": round(elapsed, 1),
@@ -176,12 +205,8 @@ def _document(argv: list[str], plan: Plan, results: dict[str, Any], elapsed: flo
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run ``kvstores bench`` with ``argv`` (default: sys.argv[1:]); return the exit code."""
-    argv = sys.argv[1:] if argv is None else argv
-    options = _parser().parse_args(argv)
-    # py-key-value warns that its MongoDB store's API is unstable, on every use: noise here
-    warnings.filterwarnings("ignore", message="A configured store is unstable", category=UserWarning)
+def _measure(argv: list[str], options: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark ``options`` describe; return the results document."""
     plan = _plan(options)
     try:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -195,10 +220,26 @@ def main(argv: list[str] | None = None) -> int:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with RichProgressBar(*columns, transient=True) as bar:
             results = asyncio.run(_run_all(targets, plan, _RichProgress(bar)))
-    document = _document(argv, plan, results, time.perf_counter() - started)
+    return _document(argv, plan, results, time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``kvstores bench`` with ``argv`` (default: sys.argv[1:]); return the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    options = _parser().parse_args(argv)
+    # py-key-value warns that its MongoDB store's API is unstable, on every use: noise here
+    warnings.filterwarnings("ignore", message="A configured store is unstable", category=UserWarning)
+    if options.load:
+        document = json.loads(options.load.read_text())
+        document["targets"] = evaluate(document["rows"])
+    else:
+        document = _measure(argv, options)
     print_tables(document["rows"], document["targets"])
     if options.json:
         options.json.write_text(json.dumps(document, indent=1) + "\n")
+    if options.markdown:
+        update_markdown(options.markdown, document)
+        print(f"wrote {options.markdown}")
     if options.plot:
         for path in plot(document["rows"], document["scaling"], options.plot):
             print(f"wrote {path}")

@@ -1,11 +1,38 @@
 """Baselines: each raw driver doing the same work as a kvstores store, and py-key-value-aio's stores.
 
-A raw baseline is the least code that keeps the same observable behaviour — JSON values
-in and out, (collection, key) addressing, per-entry TTL with expired entries invisible,
-bulk calls in one round trip (one transaction for put_many where the backend has them) —
-and nothing else: no validation, no error translation, no lazy set-up. It is the floor a
-store built on that driver can approach. Each baseline keeps its data apart from the
-store's (its own table, key prefix or MongoDB collection) and removes it in ``aclose()``.
+A raw baseline is the fastest idiomatic use of its driver that keeps the same observable
+behaviour — JSON values in and out, (collection, key) addressing, per-entry TTL with expired
+entries invisible, bulk calls in one round trip, put_many all-or-nothing where the backend
+can do it — and nothing else: no validation, no error translation, no lazy set-up beyond
+opening the connection. It is the floor a store built on that driver can approach, not a
+competitor. Each is defined here once, and every row, sweep and target uses it:
+
+============  ==================  ===================================================================
+family        name                calls
+============  ==================  ===================================================================
+memory        ``dict+json``       a plain dict of JSON text and monotonic expiry times
+sqlite        ``aiosqlite``       one ``execute_fetchall`` per call (one hop to the connection's
+                                  thread, the cursor finalised there), autocommit; put_many one
+                                  multi-row INSERT; the atomic operations one statement each with
+                                  ``RETURNING`` (a statement is its own transaction)
+redis         ``redis.asyncio``   GET / SET PX / MGET / DEL, GET+PTTL pipelined, put_many one
+                                  MULTI/EXEC pipeline, ``SET NX PX`` / ``GETDEL`` / GET then a
+                                  Lua compare-and-set; a BlockingConnectionPool of the store's
+                                  default size (50)
+mongodb       ``pymongo``         AsyncMongoClient: find_one / replace_one(upsert=True) / find
+                                  ``$in`` / one unordered bulk_write / delete_many ``$in``;
+                                  insert_one / find_one_and_delete / find_one then
+                                  find_one_and_update on the value read; the value stored as a
+                                  native sub-document under a string ``_id``
+postgresql    ``asyncpg``         a pool: fetchval / fetchrow / execute; ``= ANY($2)`` and
+                                  ``unnest`` for bulk calls; INSERT ... ON CONFLICT, DELETE ...
+                                  RETURNING, UPDATE ... WHERE value = the value read; expiry from
+                                  the database clock
+============  ==================  ===================================================================
+
+py-key-value-aio's store on the same backend (``py-key-value``) is the second baseline where
+it has one (memory, redis, mongodb, postgresql). Each raw baseline keeps its data apart from
+the store's (its own table, key prefix or MongoDB collection) and removes it in ``aclose()``.
 """
 
 from __future__ import annotations
@@ -13,26 +40,41 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-__all__ = ["baselines", "family"]
+__all__ = ["RAW_BASELINES", "baselines", "family", "raw_name"]
 
 _RAW_NAME = "kvbench_raw"  # table, key prefix or MongoDB collection of the raw baselines
+_REDIS_POOL_SIZE = 50  # RedisStore's default max_connections
+_POSTGRESQL_POOL_SIZE = 10  # asyncpg's default max_size
+_LIBPQ_OPTIONS = frozenset({"sslmode", "sslcert", "sslkey", "sslrootcert", "sslpassword", "passfile"})
+"""Query options a kvstores PostgreSQL URL may carry that asyncpg understands (the others are kvstores')."""
+
+Value = dict[str, Any]
+Update = Callable[[Value | None], Mapping[str, Any] | None]
 
 
 def family(url: str) -> str:
-    """The backend a store URL opens: memory, sqlite, redis, mongodb, or the scheme itself."""
+    """The backend a store URL opens: memory, sqlite, redis, mongodb, postgresql, or the scheme itself."""
     from kvstores.registry import SCHEMES
 
     scheme = url.partition("://")[0].lower()
     target = SCHEMES.get(scheme, "")
-    return target.split(":")[0].rpartition(".")[2] or scheme
+    return target.split(":")[0].rpartition(".")[2] or {"postgres": "postgresql"}.get(scheme, scheme)
 
 
 def _expires(ttl: float | None, clock: float) -> float | None:
     return None if ttl is None else clock + ttl
+
+
+def _keep_query(url: str, keep: Callable[[str], bool]) -> str:
+    """``url`` with only the query options ``keep`` accepts (the others are kvstores' own)."""
+    parts = urlsplit(url)
+    query = urlencode([(name, value) for name, value in parse_qsl(parts.query) if keep(name)])
+    return urlunsplit(parts._replace(query=query))
 
 
 class DictJsonStore:
@@ -45,12 +87,12 @@ class DictJsonStore:
         entry = self._data.get((collection, key))
         return None if entry is None or (entry[1] is not None and entry[1] <= now) else entry
 
-    async def get(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
+    async def get(self, key: str, *, collection: str | None = None) -> Value | None:
         """The value of ``key``, or None."""
         entry = self._live(collection, key, time.monotonic())
         return None if entry is None else json.loads(entry[0])
 
-    async def ttl(self, key: str, *, collection: str | None = None) -> tuple[dict[str, Any] | None, float | None]:
+    async def ttl(self, key: str, *, collection: str | None = None) -> tuple[Value | None, float | None]:
         """The value and remaining seconds of ``key``."""
         now = time.monotonic()
         entry = self._live(collection, key, now)
@@ -64,7 +106,7 @@ class DictJsonStore:
         """Store ``value``."""
         self._data[collection, key] = (json.dumps(value), _expires(ttl, time.monotonic()))
 
-    async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[dict[str, Any] | None]:
+    async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[Value | None]:
         """The values of ``keys``."""
         now = time.monotonic()
         entries = [self._live(collection, key, now) for key in keys]
@@ -91,51 +133,89 @@ class DictJsonStore:
             del self._data[collection, key]
         return len(live)
 
+    async def put_if_absent(
+        self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: float | None = None
+    ) -> bool:
+        """Store ``value`` unless ``key`` holds a live entry; True if stored."""
+        now = time.monotonic()
+        if self._live(collection, key, now) is not None:
+            return False
+        self._data[collection, key] = (json.dumps(value), _expires(ttl, now))
+        return True
+
+    async def pop(self, key: str, *, collection: str | None = None) -> Value | None:
+        """Delete ``key`` and return its value, or None."""
+        entry = self._live(collection, key, time.monotonic())
+        if entry is None:
+            return None
+        del self._data[collection, key]
+        value: Value = json.loads(entry[0])
+        return value
+
+    async def update(
+        self, key: str, fn: Update, *, collection: str | None = None, ttl: float | None = None
+    ) -> Value | None:
+        """Store ``fn(value)`` (delete on None); return what was stored."""
+        now = time.monotonic()
+        entry = self._live(collection, key, now)
+        new = fn(None if entry is None else json.loads(entry[0]))
+        if new is None:
+            self._data.pop((collection, key), None)
+            return None
+        self._data[collection, key] = (json.dumps(new), _expires(ttl, now))
+        return dict(new)
+
     async def aclose(self) -> None:
         """Forget everything."""
         self._data.clear()
 
 
 class AiosqliteStore:
-    """Raw aiosqlite: the store's schema and pragmas in a file of its own, one statement per call.
+    """Raw aiosqlite: the store's schema and pragmas in a file of its own, one ``execute_fetchall`` per call.
 
     A file of its own, beside the store's, so that neither pays for the other's WAL checkpoints.
     """
 
     _LIVE = "(expires_at IS NULL OR expires_at > ?)"
+    _CLAIM = (  # insert, or take over an expired entry; returns a row only if it wrote
+        f"INSERT INTO {_RAW_NAME} VALUES (?, ?, ?, ?) ON CONFLICT (collection, key) DO UPDATE"
+        " SET value = excluded.value, expires_at = excluded.expires_at"
+        f" WHERE {_RAW_NAME}.expires_at IS NOT NULL AND {_RAW_NAME}.expires_at <= ? RETURNING 1"
+    )
 
     def __init__(self, path: str) -> None:
         self._path = path
         self._db: Any = None
-        self._lock = asyncio.Lock()  # put_many's transaction must not interleave with another
 
     async def _connection(self) -> Any:
         if self._db is None:
             import aiosqlite
 
             self._db = await aiosqlite.connect(self._path, isolation_level=None)
-            await self._db.execute("PRAGMA journal_mode = WAL")
-            await self._db.execute("PRAGMA synchronous = NORMAL")
-            await self._db.execute(
+            await self._db.execute_fetchall("PRAGMA journal_mode = WAL")
+            await self._db.execute_fetchall("PRAGMA synchronous = NORMAL")
+            await self._db.execute_fetchall(
                 f"CREATE TABLE IF NOT EXISTS {_RAW_NAME} (collection TEXT NOT NULL, key TEXT NOT NULL,"
                 " value TEXT NOT NULL, expires_at REAL, PRIMARY KEY (collection, key)) WITHOUT ROWID"
             )
         return self._db
 
-    async def get(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
-        """The value of ``key``, or None."""
+    async def _run(self, sql: str, parameters: Sequence[Any]) -> Any:
         db = self._db or await self._connection()
-        rows = await db.execute_fetchall(
+        return await db.execute_fetchall(sql, parameters)
+
+    async def get(self, key: str, *, collection: str | None = None) -> Value | None:
+        """The value of ``key``, or None."""
+        rows = await self._run(
             f"SELECT value FROM {_RAW_NAME} WHERE collection = ? AND key = ? AND {self._LIVE}",
             (collection, key, time.time()),
         )
         return json.loads(rows[0][0]) if rows else None
 
-    async def ttl(self, key: str, *, collection: str | None = None) -> tuple[dict[str, Any] | None, float | None]:
+    async def ttl(self, key: str, *, collection: str | None = None) -> tuple[Value | None, float | None]:
         """The value and remaining seconds of ``key``."""
-        db = self._db or await self._connection()
         now = time.time()
-        rows = await db.execute_fetchall(
+        rows = await self._run(
             f"SELECT value, expires_at FROM {_RAW_NAME} WHERE collection = ? AND key = ? AND {self._LIVE}",
             (collection, key, now),
         )
@@ -148,16 +228,14 @@ class AiosqliteStore:
         self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: float | None = None
     ) -> None:
         """Store ``value`` (one autocommit statement)."""
-        db = self._db or await self._connection()
-        await db.execute(
+        await self._run(
             f"INSERT OR REPLACE INTO {_RAW_NAME} VALUES (?, ?, ?, ?)",
             (collection, key, json.dumps(value), _expires(ttl, time.time())),
         )
 
-    async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[dict[str, Any] | None]:
+    async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[Value | None]:
         """The values of ``keys`` (one SELECT ... IN)."""
-        db = self._db or await self._connection()
-        rows = await db.execute_fetchall(
+        rows = await self._run(
             f"SELECT key, value FROM {_RAW_NAME} WHERE collection = ? AND key IN ({','.join('?' * len(keys))})"
             f" AND {self._LIVE}",
             (collection, *keys, time.time()),
@@ -173,23 +251,72 @@ class AiosqliteStore:
         collection: str | None = None,
         ttl: float | None = None,
     ) -> None:
-        """Store each value under its key in one transaction."""
-        db = self._db or await self._connection()
+        """Store each value under its key (one multi-row INSERT: one statement, one transaction)."""
         expires = _expires(ttl, time.time())
-        rows = [(collection, key, json.dumps(value), expires) for key, value in zip(keys, values)]
-        async with self._lock:
-            await db.execute("BEGIN IMMEDIATE")
-            await db.executemany(f"INSERT OR REPLACE INTO {_RAW_NAME} VALUES (?, ?, ?, ?)", rows)
-            await db.execute("COMMIT")
+        parameters = [
+            item for key, value in zip(keys, values) for item in (collection, key, json.dumps(value), expires)
+        ]
+        await self._run(
+            f"INSERT OR REPLACE INTO {_RAW_NAME} VALUES {','.join(['(?, ?, ?, ?)'] * len(keys))}", parameters
+        )
 
     async def delete_many(self, keys: Sequence[str], *, collection: str | None = None) -> int:
         """Delete ``keys`` (one DELETE ... IN); return how many existed."""
-        db = self._db or await self._connection()
-        cursor = await db.execute(
-            f"DELETE FROM {_RAW_NAME} WHERE collection = ? AND key IN ({','.join('?' * len(keys))}) AND {self._LIVE}",
+        rows = await self._run(
+            f"DELETE FROM {_RAW_NAME} WHERE collection = ? AND key IN ({','.join('?' * len(keys))}) AND {self._LIVE}"
+            " RETURNING 1",
             (collection, *keys, time.time()),
         )
-        return int(cursor.rowcount)
+        return len(rows)
+
+    async def put_if_absent(
+        self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: float | None = None
+    ) -> bool:
+        """Store ``value`` unless ``key`` holds a live entry (one INSERT ... ON CONFLICT); True if stored."""
+        now = time.time()
+        return bool(await self._run(self._CLAIM, (collection, key, json.dumps(value), _expires(ttl, now), now)))
+
+    async def pop(self, key: str, *, collection: str | None = None) -> Value | None:
+        """Delete ``key`` and return its value, or None (one DELETE ... RETURNING)."""
+        now = time.time()
+        rows = await self._run(
+            f"DELETE FROM {_RAW_NAME} WHERE collection = ? AND key = ? RETURNING value, expires_at", (collection, key)
+        )
+        if not rows or (rows[0][1] is not None and rows[0][1] <= now):
+            return None
+        value: Value = json.loads(rows[0][0])
+        return value
+
+    async def update(
+        self, key: str, fn: Update, *, collection: str | None = None, ttl: float | None = None
+    ) -> Value | None:
+        """Read, apply ``fn``, write only if the stored text is still the one read; retry otherwise."""
+        while True:
+            now = time.time()
+            rows = await self._run(
+                f"SELECT value FROM {_RAW_NAME} WHERE collection = ? AND key = ? AND {self._LIVE}",
+                (collection, key, now),
+            )
+            old = rows[0][0] if rows else None
+            new = fn(None if old is None else json.loads(old))
+            text = None if new is None else json.dumps(new)
+            if old is None and text is None:
+                return None
+            if old is None:
+                written = await self._run(self._CLAIM, (collection, key, text, _expires(ttl, now), now))
+            elif text is None:
+                written = await self._run(
+                    f"DELETE FROM {_RAW_NAME} WHERE collection = ? AND key = ? AND value = ? RETURNING 1",
+                    (collection, key, old),
+                )
+            else:
+                written = await self._run(
+                    f"UPDATE {_RAW_NAME} SET value = ?, expires_at = ? WHERE collection = ? AND key = ? AND value = ?"
+                    f" AND {self._LIVE} RETURNING 1",
+                    (text, _expires(ttl, now), collection, key, old, now),
+                )
+            if written:
+                return None if new is None else dict(new)
 
     async def aclose(self) -> None:
         """Close the connection and delete the baseline's file."""
@@ -203,24 +330,43 @@ class AiosqliteStore:
             Path(self._path + suffix).unlink(missing_ok=True)
 
 
+_REDIS_CAS = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then redis.call('DEL', KEYS[1])
+elseif ARGV[3] == '' then redis.call('SET', KEYS[1], ARGV[2])
+else redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end
+return 1
+"""
+
+
 class RedisAsyncStore:
-    """Raw redis.asyncio: GET/SET PX/MGET/DEL, GET+PTTL and MULTI/EXEC in one pipeline each."""
+    """Raw redis.asyncio: one command (or one pipeline) per call on a blocking connection pool."""
+
+    _STORE_OPTIONS = frozenset({"prefix", "timeout", "max_connections", "default_collection"})
 
     def __init__(self, url: str) -> None:
-        from redis.asyncio import Redis
+        from redis.asyncio import BlockingConnectionPool, Redis
 
-        self._client: Any = Redis.from_url(url)
+        pool = BlockingConnectionPool.from_url(
+            _keep_query(url, lambda name: name not in self._STORE_OPTIONS), max_connections=_REDIS_POOL_SIZE
+        )
+        self._client: Any = Redis(connection_pool=pool)
+        self._cas: Any = self._client.register_script(_REDIS_CAS)
 
     @staticmethod
     def _name(collection: str | None, key: str) -> str:
         return f"{_RAW_NAME}:{collection}:{key}"
 
-    async def get(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
+    @staticmethod
+    def _px(ttl: float | None) -> int | None:
+        return None if ttl is None else int(ttl * 1000)
+
+    async def get(self, key: str, *, collection: str | None = None) -> Value | None:
         """The value of ``key``, or None."""
         raw = await self._client.get(self._name(collection, key))
         return None if raw is None else json.loads(raw)
 
-    async def ttl(self, key: str, *, collection: str | None = None) -> tuple[dict[str, Any] | None, float | None]:
+    async def ttl(self, key: str, *, collection: str | None = None) -> tuple[Value | None, float | None]:
         """The value and remaining seconds of ``key``."""
         name = self._name(collection, key)
         raw, milliseconds = await self._client.pipeline(transaction=False).get(name).pttl(name).execute()
@@ -232,10 +378,9 @@ class RedisAsyncStore:
         self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: float | None = None
     ) -> None:
         """Store ``value``."""
-        px = None if ttl is None else int(ttl * 1000)
-        await self._client.set(self._name(collection, key), json.dumps(value), px=px)
+        await self._client.set(self._name(collection, key), json.dumps(value), px=self._px(ttl))
 
-    async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[dict[str, Any] | None]:
+    async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[Value | None]:
         """The values of ``keys`` (one MGET)."""
         raws = await self._client.mget([self._name(collection, key) for key in keys])
         return [None if raw is None else json.loads(raw) for raw in raws]
@@ -248,8 +393,8 @@ class RedisAsyncStore:
         collection: str | None = None,
         ttl: float | None = None,
     ) -> None:
-        """Store each value under its key (one MULTI/EXEC)."""
-        px = None if ttl is None else int(ttl * 1000)
+        """Store each value under its key (one MULTI/EXEC pipeline)."""
+        px = self._px(ttl)
         pipe = self._client.pipeline(transaction=True)
         for key, value in zip(keys, values):
             pipe.set(self._name(collection, key), json.dumps(value), px=px)
@@ -258,6 +403,34 @@ class RedisAsyncStore:
     async def delete_many(self, keys: Sequence[str], *, collection: str | None = None) -> int:
         """Delete ``keys`` (one DEL); return how many existed."""
         return int(await self._client.delete(*(self._name(collection, key) for key in keys)))
+
+    async def put_if_absent(
+        self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: float | None = None
+    ) -> bool:
+        """Store ``value`` unless ``key`` exists (SET NX PX); True if stored."""
+        return bool(await self._client.set(self._name(collection, key), json.dumps(value), px=self._px(ttl), nx=True))
+
+    async def pop(self, key: str, *, collection: str | None = None) -> Value | None:
+        """Delete ``key`` and return its value, or None (GETDEL)."""
+        raw = await self._client.getdel(self._name(collection, key))
+        return None if raw is None else json.loads(raw)
+
+    async def update(
+        self, key: str, fn: Update, *, collection: str | None = None, ttl: float | None = None
+    ) -> Value | None:
+        """GET, apply ``fn``, then a Lua compare-and-set (SET NX when absent); retry on conflict."""
+        name = self._name(collection, key)
+        while True:
+            old = await self._client.get(name)
+            new = fn(None if old is None else json.loads(old))
+            text = "" if new is None else json.dumps(new)
+            if old is None:
+                written = new is None or await self._client.set(name, text, px=self._px(ttl), nx=True)
+            else:
+                px = self._px(ttl)
+                written = await self._cas(keys=[name], args=[old, text, "" if px is None else px])
+            if written:
+                return None if new is None else dict(new)
 
     async def aclose(self) -> None:
         """Delete the baseline's keys and close the client."""
@@ -276,25 +449,25 @@ class PymongoStore:
         self._client: Any = AsyncMongoClient(url)
         self._entries: Any = self._client.get_default_database("kvbench")[_RAW_NAME]
 
-    async def get(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
-        """The value of ``key``, or None."""
-        document = await self._entries.find_one({"_id": f"{collection}:{key}"})
-        return None if document is None or self._expired(document) else document["v"]
-
     @staticmethod
     def _expired(document: dict[str, Any]) -> bool:
         return "e" in document and document["e"] <= time.time()
 
-    async def ttl(self, key: str, *, collection: str | None = None) -> tuple[dict[str, Any] | None, float | None]:
+    @staticmethod
+    def _document(value: Mapping[str, Any], ttl: float | None) -> dict[str, Any]:
+        return {"v": value} if ttl is None else {"v": value, "e": time.time() + ttl}
+
+    async def get(self, key: str, *, collection: str | None = None) -> Value | None:
+        """The value of ``key``, or None."""
+        document = await self._entries.find_one({"_id": f"{collection}:{key}"})
+        return None if document is None or self._expired(document) else document["v"]
+
+    async def ttl(self, key: str, *, collection: str | None = None) -> tuple[Value | None, float | None]:
         """The value and remaining seconds of ``key``."""
         document = await self._entries.find_one({"_id": f"{collection}:{key}"})
         if document is None or self._expired(document):
             return None, None
         return document["v"], document["e"] - time.time() if "e" in document else None
-
-    @staticmethod
-    def _document(value: Mapping[str, Any], ttl: float | None) -> dict[str, Any]:
-        return {"v": value} if ttl is None else {"v": value, "e": time.time() + ttl}
 
     async def put(
         self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: float | None = None
@@ -302,7 +475,7 @@ class PymongoStore:
         """Store ``value`` (one upserting replace)."""
         await self._entries.replace_one({"_id": f"{collection}:{key}"}, self._document(value, ttl), upsert=True)
 
-    async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[dict[str, Any] | None]:
+    async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[Value | None]:
         """The values of ``keys`` (one find with $in)."""
         documents = await self._entries.find({"_id": {"$in": [f"{collection}:{key}" for key in keys]}}).to_list()
         found = {document["_id"]: document for document in documents if not self._expired(document)}
@@ -332,10 +505,231 @@ class PymongoStore:
         result = await self._entries.delete_many({"_id": {"$in": [f"{collection}:{key}" for key in keys]}})
         return int(result.deleted_count)
 
+    async def put_if_absent(
+        self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: float | None = None
+    ) -> bool:
+        """Store ``value`` unless ``key`` holds a live entry (insert_one; an expired one is replaced)."""
+        from pymongo.errors import DuplicateKeyError
+
+        document = self._document(value, ttl)
+        try:
+            await self._entries.insert_one({"_id": f"{collection}:{key}", **document})
+        except DuplicateKeyError:
+            expired = {"_id": f"{collection}:{key}", "e": {"$lte": time.time()}}
+            return bool((await self._entries.replace_one(expired, document)).modified_count)
+        return True
+
+    async def pop(self, key: str, *, collection: str | None = None) -> Value | None:
+        """Delete ``key`` and return its value, or None (find_one_and_delete)."""
+        document = await self._entries.find_one_and_delete({"_id": f"{collection}:{key}"})
+        return None if document is None or self._expired(document) else document["v"]
+
+    async def update(
+        self, key: str, fn: Update, *, collection: str | None = None, ttl: float | None = None
+    ) -> Value | None:
+        """find_one, apply ``fn``, then find_one_and_update on the value read; retry on conflict."""
+        id_ = f"{collection}:{key}"
+        while True:
+            document = await self._entries.find_one({"_id": id_})
+            old = None if document is None or self._expired(document) else document["v"]
+            new = fn(old)
+            if old is None:
+                written = new is None or await self.put_if_absent(key, new, collection=collection, ttl=ttl)
+            elif new is None:
+                written = (await self._entries.delete_one({"_id": id_, "v": old})).deleted_count
+            else:
+                change = {"$set": self._document(new, ttl)} | ({"$unset": {"e": ""}} if ttl is None else {})
+                written = await self._entries.find_one_and_update(
+                    {"_id": id_, "v": old}, change, projection={"_id": True}
+                )
+            if written:
+                return None if new is None else dict(new)
+
     async def aclose(self) -> None:
         """Drop the baseline's collection and close the client."""
         await self._entries.drop()
         await self._client.close()
+
+
+class AsyncpgStore:
+    """Raw asyncpg: one statement per call on a pool, arrays for bulk calls, expiry by the database clock."""
+
+    _LIVE = "(expires_at IS NULL OR expires_at > now())"
+    _EXPIRES = "now() + $4::float8 * interval '1 second'"
+    _CLAIM = (  # insert, or take over an expired entry; returns a row only if it wrote
+        f"INSERT INTO {_RAW_NAME} VALUES ($1, $2, $3, {_EXPIRES}) ON CONFLICT (collection, key) DO UPDATE"
+        " SET value = excluded.value, expires_at = excluded.expires_at"
+        f" WHERE {_RAW_NAME}.expires_at <= now() RETURNING 1"
+    )
+
+    def __init__(self, url: str) -> None:
+        self._url = _keep_query(url, _LIBPQ_OPTIONS.__contains__)
+        self._pool: Any = None
+        self._opening = asyncio.Lock()
+
+    async def _connection(self) -> Any:
+        async with self._opening:
+            if self._pool is None:
+                import asyncpg
+
+                pool = await asyncpg.create_pool(self._url, min_size=1, max_size=_POSTGRESQL_POOL_SIZE)
+                await pool.execute(
+                    f"CREATE TABLE IF NOT EXISTS {_RAW_NAME} (collection text NOT NULL, key text NOT NULL,"
+                    " value text NOT NULL, expires_at timestamptz, PRIMARY KEY (collection, key))"
+                )
+                self._pool = pool
+        return self._pool
+
+    async def get(self, key: str, *, collection: str | None = None) -> Value | None:
+        """The value of ``key``, or None."""
+        pool = self._pool or await self._connection()
+        text = await pool.fetchval(
+            f"SELECT value FROM {_RAW_NAME} WHERE collection = $1 AND key = $2 AND {self._LIVE}", collection, key
+        )
+        return None if text is None else json.loads(text)
+
+    async def ttl(self, key: str, *, collection: str | None = None) -> tuple[Value | None, float | None]:
+        """The value and remaining seconds of ``key``."""
+        pool = self._pool or await self._connection()
+        row = await pool.fetchrow(
+            f"SELECT value, extract(epoch FROM expires_at - now())::float8 FROM {_RAW_NAME}"
+            f" WHERE collection = $1 AND key = $2 AND {self._LIVE}",
+            collection,
+            key,
+        )
+        return (None, None) if row is None else (json.loads(row[0]), row[1])
+
+    async def put(
+        self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: float | None = None
+    ) -> None:
+        """Store ``value`` (one upserting INSERT)."""
+        pool = self._pool or await self._connection()
+        await pool.execute(
+            f"INSERT INTO {_RAW_NAME} VALUES ($1, $2, $3, {self._EXPIRES}) ON CONFLICT (collection, key)"
+            " DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
+            collection,
+            key,
+            json.dumps(value),
+            ttl,
+        )
+
+    async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[Value | None]:
+        """The values of ``keys`` (one SELECT ... = ANY($2))."""
+        pool = self._pool or await self._connection()
+        rows = await pool.fetch(
+            f"SELECT key, value FROM {_RAW_NAME} WHERE collection = $1 AND key = ANY($2::text[]) AND {self._LIVE}",
+            collection,
+            list(keys),
+        )
+        found = {row[0]: row[1] for row in rows}
+        return [json.loads(found[key]) if key in found else None for key in keys]
+
+    async def put_many(
+        self,
+        keys: Sequence[str],
+        values: Sequence[Mapping[str, Any]],
+        *,
+        collection: str | None = None,
+        ttl: float | None = None,
+    ) -> None:
+        """Store each value under its key (one INSERT ... SELECT FROM unnest: one statement)."""
+        pool = self._pool or await self._connection()
+        await pool.execute(
+            f"INSERT INTO {_RAW_NAME} SELECT $1, k, v, {self._EXPIRES} FROM unnest($2::text[], $3::text[]) AS u(k, v)"
+            " ON CONFLICT (collection, key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
+            collection,
+            list(keys),
+            [json.dumps(value) for value in values],
+            ttl,
+        )
+
+    async def delete_many(self, keys: Sequence[str], *, collection: str | None = None) -> int:
+        """Delete ``keys`` (one DELETE ... = ANY($2)); return how many existed."""
+        pool = self._pool or await self._connection()
+        status = await pool.execute(
+            f"DELETE FROM {_RAW_NAME} WHERE collection = $1 AND key = ANY($2::text[]) AND {self._LIVE}",
+            collection,
+            list(keys),
+        )
+        return int(status.rpartition(" ")[2])
+
+    async def put_if_absent(
+        self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: float | None = None
+    ) -> bool:
+        """Store ``value`` unless ``key`` holds a live entry (INSERT ... ON CONFLICT); True if stored."""
+        pool = self._pool or await self._connection()
+        return await pool.fetchval(self._CLAIM, collection, key, json.dumps(value), ttl) is not None
+
+    async def pop(self, key: str, *, collection: str | None = None) -> Value | None:
+        """Delete ``key`` and return its value, or None (DELETE ... RETURNING)."""
+        pool = self._pool or await self._connection()
+        row = await pool.fetchrow(
+            f"DELETE FROM {_RAW_NAME} WHERE collection = $1 AND key = $2 RETURNING value, {self._LIVE}",
+            collection,
+            key,
+        )
+        return None if row is None or not row[1] else json.loads(row[0])
+
+    async def update(
+        self, key: str, fn: Update, *, collection: str | None = None, ttl: float | None = None
+    ) -> Value | None:
+        """SELECT, apply ``fn``, then UPDATE ... WHERE value = the text read; retry on conflict."""
+        pool = self._pool or await self._connection()
+        while True:
+            old = await pool.fetchval(
+                f"SELECT value FROM {_RAW_NAME} WHERE collection = $1 AND key = $2 AND {self._LIVE}", collection, key
+            )
+            new = fn(None if old is None else json.loads(old))
+            text = None if new is None else json.dumps(new)
+            if old is None:
+                written = text is None or await pool.fetchval(self._CLAIM, collection, key, text, ttl) is not None
+            elif text is None:
+                status = await pool.execute(
+                    f"DELETE FROM {_RAW_NAME} WHERE collection = $1 AND key = $2 AND value = $3", collection, key, old
+                )
+                written = status != "DELETE 0"
+            else:
+                status = await pool.execute(
+                    f"UPDATE {_RAW_NAME} SET value = $3, expires_at = {self._EXPIRES}"
+                    f" WHERE collection = $1 AND key = $2 AND value = $5 AND {self._LIVE}",
+                    collection,
+                    key,
+                    text,
+                    ttl,
+                    old,
+                )
+                written = status != "UPDATE 0"
+            if written:
+                return None if new is None else dict(new)
+
+    async def aclose(self) -> None:
+        """Drop the baseline's table and close the pool."""
+        if self._pool is not None:
+            await self._pool.execute(f"DROP TABLE IF EXISTS {_RAW_NAME}")
+            await self._pool.close()
+
+
+def _aiosqlite(url: str, store: Any) -> AiosqliteStore | None:
+    path = getattr(store, "path", None)
+    if path is None:
+        return None
+    return AiosqliteStore(path if path == ":memory:" else f"{path}.{_RAW_NAME}")
+
+
+RAW_BASELINES: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "memory": ("dict+json", lambda url, store: DictJsonStore()),
+    "sqlite": ("aiosqlite", _aiosqlite),
+    "redis": ("redis.asyncio", lambda url, store: RedisAsyncStore(url)),
+    "mongodb": ("pymongo", lambda url, store: PymongoStore(url)),
+    "postgresql": ("asyncpg", lambda url, store: AsyncpgStore(url)),
+}
+"""Backend family -> (name, factory of the raw baseline from the store URL and the store under
+test); the SQLite baseline writes a file beside the store's."""
+
+
+def raw_name(kind: str) -> str:
+    """The name of the raw baseline of backend family ``kind`` (the family itself if it has none)."""
+    return RAW_BASELINES[kind][0] if kind in RAW_BASELINES else kind
 
 
 def _py_key_value(kind: str, url: str) -> Any:
@@ -353,28 +747,27 @@ def _py_key_value(kind: str, url: str) -> Any:
             from key_value.aio.stores.mongodb import MongoDBStore
 
             return MongoDBStore(url=url, db_name="kvbench")
+        if kind == "postgresql":
+            from key_value.aio.stores.postgresql import PostgreSQLStore
+
+            return PostgreSQLStore(url=_keep_query(url, _LIBPQ_OPTIONS.__contains__), table_name="kvbench_pykv")
     except ImportError:
         return None
     return None
 
 
-def baselines(url: str, sqlite_path: str | None) -> dict[str, Any]:
-    """The baselines for a store URL: name -> store-like object with the benchmarked methods.
+def baselines(url: str, store: Any) -> dict[str, Any]:
+    """The baselines for ``store``, opened from ``url``: name -> store-like object with the benchmarked methods.
 
-    ``sqlite_path`` is the file the SQLite store under test uses (None for other backends);
-    the raw aiosqlite baseline writes a file beside it.
+    Redis Cluster has no raw baseline.
     """
     kind = family(url)
     found: dict[str, Any] = {}
-    if kind == "memory":
-        found["dict+json"] = DictJsonStore()
-    elif kind == "sqlite" and sqlite_path is not None:
-        in_memory = sqlite_path == ":memory:"
-        found["aiosqlite"] = AiosqliteStore(sqlite_path if in_memory else f"{sqlite_path}.{_RAW_NAME}")
-    elif kind == "redis" and not url.startswith("redis+cluster"):
-        found["redis.asyncio"] = RedisAsyncStore(url)
-    elif kind == "mongodb":
-        found["pymongo"] = PymongoStore(url)
+    if kind in RAW_BASELINES and not url.startswith("redis+cluster"):
+        name, factory = RAW_BASELINES[kind]
+        raw = factory(url, store)
+        if raw is not None:
+            found[name] = raw
     theirs = _py_key_value(kind, url)
     if theirs is not None:
         found["py-key-value"] = theirs

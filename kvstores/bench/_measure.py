@@ -5,7 +5,9 @@ takes a quarter of the time slice) so that one round of it lasts about ``slice_s
 Then ``rounds + 1`` rounds run; in each round every contender runs its batch once, in an
 order rotated every round so that machine noise hits all of them alike. Round 0 warms up
 and is discarded. ops/s is the median over the measured rounds; p50/p99 come from the
-per-call latencies of all measured rounds pooled.
+per-call latencies of all measured rounds pooled; client CPU per call is the median over the
+measured rounds of the process's CPU time per call (less sensitive than wall time to other
+load on the machine, and what a call costs the client whatever the server's speed).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import asyncio
 import statistics
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from time import perf_counter
+from time import perf_counter, process_time
 from typing import Any
 
 __all__ = ["RowSkipped", "Scenario", "Settings", "Stats", "measure"]
@@ -61,6 +63,8 @@ class Stats:
     ops_per_second: float
     p50_us: float
     p99_us: float
+    cpu_us: float
+    """Client CPU time (user + system, this process) per call."""
     calls: int
 
     def as_json(self) -> dict[str, float | int]:
@@ -69,6 +73,7 @@ class Stats:
             "ops_per_second": round(self.ops_per_second, 1),
             "p50_us": round(self.p50_us, 2),
             "p99_us": round(self.p99_us, 2),
+            "cpu_us": round(self.cpu_us, 2),
             "calls": self.calls,
         }
 
@@ -81,8 +86,8 @@ async def _worker(op: Op, subject: Any, indices: range, latencies: list[float]) 
         latencies.append(clock() - start)
 
 
-async def _batch(scenario: Scenario, subject: Any, calls: int, settings: Settings) -> tuple[float, list[float]]:
-    """Run ``calls`` calls over the scenario's concurrent tasks; return (elapsed, latencies)."""
+async def _batch(scenario: Scenario, subject: Any, calls: int, settings: Settings) -> tuple[float, float, list[float]]:
+    """Run ``calls`` calls over the scenario's concurrent tasks; return (elapsed, CPU seconds, latencies)."""
     tasks = scenario.concurrency
     per_task = -(-calls // tasks)
     if scenario.refill is not None:
@@ -92,7 +97,7 @@ async def _batch(scenario: Scenario, subject: Any, calls: int, settings: Setting
         except asyncio.TimeoutError:
             raise RowSkipped(f"writing the data for {per_task * tasks} calls took over {limit:g} s") from None
     latencies: list[float] = []
-    start = perf_counter()
+    start, start_cpu = perf_counter(), process_time()
     if tasks == 1:
         await _worker(scenario.op, subject, range(per_task), latencies)
     else:
@@ -107,7 +112,7 @@ async def _batch(scenario: Scenario, subject: Any, calls: int, settings: Setting
                 worker.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
             raise
-    return perf_counter() - start, latencies
+    return perf_counter() - start, process_time() - start_cpu, latencies
 
 
 async def _calibrate(scenario: Scenario, subject: Any, settings: Settings) -> int:
@@ -115,7 +120,7 @@ async def _calibrate(scenario: Scenario, subject: Any, settings: Settings) -> in
     calls = scenario.concurrency
     slice_seconds = settings.slice_seconds
     while True:
-        elapsed, _ = await _batch(scenario, subject, calls, settings)
+        elapsed, _, _ = await _batch(scenario, subject, calls, settings)
         if elapsed > settings.max_batch_seconds:
             raise RowSkipped(f"{calls} calls took {elapsed:.1f} s (limit {settings.max_batch_seconds:g} s)")
         if elapsed >= slice_seconds / 4 or calls >= scenario.max_calls:
@@ -138,14 +143,16 @@ async def measure(
     """
     calls = {name: await _calibrate(scenario, subject, settings) for name, subject in subjects.items()}
     rates: dict[str, list[float]] = {name: [] for name in subjects}
+    cpu: dict[str, list[float]] = {name: [] for name in subjects}
     latencies: dict[str, list[float]] = {name: [] for name in subjects}
     names = list(subjects)
     for round_ in range(settings.rounds + 1):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
-            elapsed, samples = await _batch(scenario, subjects[name], calls[name], settings)
+            elapsed, cpu_seconds, samples = await _batch(scenario, subjects[name], calls[name], settings)
             if round_:
                 rates[name].append(len(samples) / elapsed)
+                cpu[name].append(cpu_seconds / len(samples))
                 latencies[name].extend(samples)
             tick()
     stats: dict[str, Stats] = {}
@@ -155,6 +162,7 @@ async def measure(
             ops_per_second=statistics.median(rates[name]),
             p50_us=_percentile(ordered, 0.5) * 1e6,
             p99_us=_percentile(ordered, 0.99) * 1e6,
+            cpu_us=statistics.median(cpu[name]) * 1e6,
             calls=len(ordered),
         )
     return stats

@@ -1,86 +1,67 @@
-"""Reporting: the targets, the tables, the JSON document and the plots."""
+"""Reporting: the console tables, the misses, BENCHMARKS.md's generated sections and the plots.
+
+BENCHMARKS.md keeps its prose by hand; its tables are generated. Each generated section sits
+between ``<!-- kvstores bench: NAME -->`` and ``<!-- /kvstores bench: NAME -->`` (NAME is one
+of :data:`SECTIONS`), and :func:`update_markdown` rewrites what is between them from a results
+document, e.g. ``kvstores bench --load benchmarks/results/bench.json --markdown benchmarks/BENCHMARKS.md``.
+"""
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass
+import re
 from pathlib import Path
 from typing import Any
 
 from kvstores._optional import missing_extra
-from kvstores.bench._scenarios import KV_OPERATIONS, SINGLE_OPERATIONS
+from kvstores.bench._scenarios import size_label
 
-__all__ = ["TARGETS", "Target", "evaluate", "plot", "print_tables"]
+__all__ = ["SECTIONS", "markdown_sections", "misses", "plot", "print_tables", "update_markdown"]
 
-
-@dataclass(frozen=True)
-class Target:
-    """A ratio kvstores promises: median of ours/baseline ops/s over the matching rows >= ``minimum``."""
-
-    label: str
-    backend: str | None
-    """Backend family the rows come from; None: each backend with matching rows separately."""
-    operations: tuple[str, ...]
-    """Operations (for events: the suffix after the event store's name) the target covers."""
-    baseline: str
-    minimum: float
-    value_bytes: int | None = None
-    """Only rows of this value size (None: every size)."""
-
-    def matches(self, row: dict[str, Any]) -> bool:
-        """True if ``row`` counts towards this target."""
-        operation = str(row["operation"]).rpartition(".")[2]
-        return (
-            (self.backend is None or row["backend"] == self.backend)
-            and operation in self.operations
-            and (self.value_bytes is None or row["value_bytes"] == self.value_bytes)
-            and self.baseline in row.get("ratios", {})
-        )
+_COLUMNS = ("operation", "value", "tasks", "ops/s", "p50 µs", "p99 µs", "cpu µs")
 
 
-TARGETS = (
-    Target("MemoryStore vs py-key-value MemoryStore, 100 B", "memory", KV_OPERATIONS, "py-key-value", 10.0, 100),
-    Target("MemoryStore vs py-key-value MemoryStore, all sizes", "memory", KV_OPERATIONS, "py-key-value", 10.0),
-    Target("MemoryStore vs dict+json (within 2x)", "memory", KV_OPERATIONS, "dict+json", 0.5),
-    Target("SQLiteStore get vs raw aiosqlite", "sqlite", ("get",), "aiosqlite", 0.8),
-    Target("RedisStore single-key ops vs raw redis.asyncio", "redis", SINGLE_OPERATIONS, "redis.asyncio", 0.9),
-    Target("RedisStore single-key ops vs py-key-value RedisStore", "redis", SINGLE_OPERATIONS, "py-key-value", 1.3),
-    Target("MongoDBStore vs raw pymongo", "mongodb", KV_OPERATIONS, "pymongo", 0.85),
-    Target("event store append vs fastmcp EventStore", None, ("append",), "fastmcp", 3.0),
-    Target("event store replay vs fastmcp EventStore", None, ("replay",), "fastmcp", 5.0),
-)
-"""The ratios the issue asks for (kvstores issue 7 and the event-store issue)."""
+def _operation(row: dict[str, Any]) -> str:
+    return f"{row['store']}.{row['operation']}" if row["group"] == "events" else str(row["operation"])
 
 
-def evaluate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each target measured in ``rows``: median and worst ratio, and whether the median meets it."""
-    results = []
-    for target in TARGETS:
-        matching = [row for row in rows if target.matches(row)]
-        for backend in sorted({row["backend"] for row in matching}):
-            ratios = [row["ratios"][target.baseline] for row in matching if row["backend"] == backend]
-            median = statistics.median(ratios)
-            results.append(
-                {
-                    "target": target.label if target.backend else f"{target.label} ({backend})",
-                    "baseline": target.baseline,
-                    "minimum": target.minimum,
-                    "median_ratio": round(median, 3),
-                    "worst_ratio": round(min(ratios), 3),
-                    "rows": len(ratios),
-                    "met": median >= target.minimum,
-                }
-            )
-    return results
+def _cells(row: dict[str, Any], baselines: list[str]) -> list[str]:
+    """A row's cells under :data:`_COLUMNS` and one ``vs`` column per baseline."""
+    cells = [_operation(row), size_label(row["value_bytes"]), str(row["concurrency"])]
+    if "skipped" in row:
+        return [*cells, f"skipped: {row['skipped']}", *[""] * (len(_COLUMNS) - 4 + len(baselines))]
+    ours = row["contenders"]["kvstores"]
+    figures = [f"{ours['ops_per_second']:,.0f}", f"{ours['p50_us']:,.1f}", f"{ours['p99_us']:,.1f}"]
+    cpu = f"{ours['cpu_us']:,.1f}" if "cpu_us" in ours else ""
+    ratios = [f"{row['ratios'][b]:.2f}x" if b in row["ratios"] else "" for b in baselines]
+    return [*cells, *figures, cpu, *ratios]
 
 
-def _size(value_bytes: int | None) -> str:
-    if value_bytes is None:
-        return "-"
-    for unit, scale in (("MB", 1_000_000), ("KB", 1_000)):
-        if value_bytes >= scale:
-            return f"{value_bytes / scale:g} {unit}"
-    return f"{value_bytes} B"
+def _by_url(rows: list[dict[str, Any]]) -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
+    """URL label -> (its rows, the baselines that appear in them)."""
+    grouped: dict[str, tuple[list[dict[str, Any]], list[str]]] = {}
+    for url in dict.fromkeys(row["target"] for row in rows):
+        mine = [row for row in rows if row["target"] == url]
+        grouped[url] = (mine, list(dict.fromkeys(name for row in mine for name in row.get("ratios", {}))))
+    return grouped
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def misses(targets: list[dict[str, Any]]) -> list[str]:
+    """One line per missed target: what it needs, what it got, and its worst row."""
+    lines = []
+    for result in targets:
+        if result["met"]:
+            continue
+        if result["median_ratio"] is None:
+            got = f"not measured ({result['skipped_rows']} rows skipped or failed)"
+        else:
+            worst = f"worst {_ratio(result['worst_ratio'])} ({result['worst_row']})"
+            got = f"median {_ratio(result['median_ratio'])}, {worst}"
+        lines.append(f"{result['target']} on {result['url']}: needs >= {result['minimum']}x, {got}")
+    return lines
 
 
 def _console() -> Any:
@@ -93,48 +74,130 @@ def _console() -> Any:
 
 
 def print_tables(rows: list[dict[str, Any]], targets: list[dict[str, Any]]) -> None:
-    """Print one table per target URL (ours, then each baseline's ratio), then the targets."""
+    """Print one table per target URL (ours, then each baseline's ratio), then the targets and every miss."""
+    from rich.markup import escape
     from rich.table import Table
 
     console = _console()
-    for target in dict.fromkeys(row["target"] for row in rows):
-        mine = [row for row in rows if row["target"] == target]
-        baselines = list(dict.fromkeys(name for row in mine for name in row.get("ratios", {})))
-        table = Table(title=f"kvstores bench {target}", title_justify="left")
-        for column in ("operation", "value", "tasks", "ops/s", "p50 µs", "p99 µs", *(f"vs {b}" for b in baselines)):
+    for url, (mine, baselines) in _by_url(rows).items():
+        table = Table(title=f"kvstores bench {url}", title_justify="left")
+        for column in (*_COLUMNS, *(f"vs {b}" for b in baselines)):
             table.add_column(column, justify="left" if column == "operation" else "right")
         for row in mine:
-            if "skipped" in row:
-                table.add_row(
-                    row["operation"], _size(row["value_bytes"]), str(row["concurrency"]), "skipped", row["skipped"]
-                )
-                continue
-            ours = row["contenders"]["kvstores"]
-            ratios = [f"{row['ratios'][b]:.2f}x" if b in row["ratios"] else "" for b in baselines]
-            table.add_row(
+            table.add_row(*(escape(cell) for cell in _cells(row, baselines)))
+        console.print(table)
+    if not targets:
+        return
+    table = Table(title="targets (ratio = kvstores ÷ baseline; median over rows)", title_justify="left")
+    for column in ("target", "url", "needs", "median", "worst", "worst row", "rows", "met"):
+        table.add_column(column, justify="left" if column in ("target", "url", "worst row") else "right")
+    for result in targets:
+        table.add_row(
+            escape(result["target"]),
+            escape(result["url"]),
+            f">= {result['minimum']}x",
+            _ratio(result["median_ratio"]),
+            _ratio(result["worst_ratio"]),
+            escape(result["worst_row"] or ""),
+            str(result["rows"]),
+            "yes" if result["met"] else "[bold red]NO[/]",
+        )
+    console.print(table)
+    for line in misses(targets):
+        console.print(f"[bold red]MISSED[/] {escape(line)}")
+
+
+def _table(header: list[str], lines: list[list[str]], right_from: int) -> str:
+    rule = ["---" if index < right_from else "---:" for index in range(len(header))]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in (header, rule, *lines))
+
+
+def _targets_markdown(targets: list[dict[str, Any]]) -> str:
+    if not targets:
+        return "No targets were measured (run with `--compare`)."
+    lines = [
+        [
+            result["target"],
+            f"`{result['url']}`",
+            f">= {result['minimum']}x",
+            _ratio(result["median_ratio"]),
+            _ratio(result["worst_ratio"]),
+            result["worst_row"] or "-",
+            str(result["rows"]),
+            "yes" if result["met"] else "**no**",
+        ]
+        for result in targets
+    ]
+    header = ["target", "target URL", "needs", "median", "worst", "worst row", "rows", "met"]
+    text = _table(header, lines, 2)
+    missed = misses(targets)
+    if missed:
+        text += "\n\nMissed (see the profiles below):\n\n" + "\n".join(f"- {line}" for line in missed)
+    return text
+
+
+def _results_markdown(rows: list[dict[str, Any]]) -> str:
+    parts = []
+    for url, (mine, baselines) in _by_url(rows).items():
+        header = [*_COLUMNS, *(f"vs {b}" for b in baselines)]
+        cells = [[cell.replace("|", "\\|") for cell in _cells(row, baselines)] for row in mine]
+        parts.append(f"#### `{url}`\n\n" + _table(header, cells, 1))
+    return "\n\n".join(parts)
+
+
+def _concurrency_markdown(points: list[dict[str, Any]]) -> str:
+    measured = [row for row in points if "contenders" in row]
+    if not measured:
+        return "No concurrency sweep in this run (run with `--scaling`)."
+    parts = []
+    for url, (mine, _) in _by_url(measured).items():
+        names = list(dict.fromkeys(name for row in mine for name in row["contenders"]))
+        lines = [
+            [
                 row["operation"],
-                _size(row["value_bytes"]),
                 str(row["concurrency"]),
-                f"{ours['ops_per_second']:,.0f}",
-                f"{ours['p50_us']:,.1f}",
-                f"{ours['p99_us']:,.1f}",
-                *ratios,
-            )
-        console.print(table)
-    if targets:
-        table = Table(title="targets (ratio = kvstores ops/s / baseline ops/s; median over rows)", title_justify="left")
-        for column in ("target", "needs", "median", "worst", "rows", "met"):
-            table.add_column(column, justify="left" if column == "target" else "right")
-        for result in targets:
-            table.add_row(
-                result["target"],
-                f">= {result['minimum']}x",
-                f"{result['median_ratio']:.2f}x",
-                f"{result['worst_ratio']:.2f}x",
-                str(result["rows"]),
-                "yes" if result["met"] else "[bold red]NO[/]",
-            )
-        console.print(table)
+                *(
+                    f"{row['contenders'][name]['ops_per_second']:,.0f}" if name in row["contenders"] else ""
+                    for name in names
+                ),
+            ]
+            for row in sorted(mine, key=lambda row: (row["operation"], row["concurrency"]))
+        ]
+        parts.append(f"`{url}`, ops/s:\n\n" + _table(["operation", "tasks", *names], lines, 1))
+    return "\n\n".join(parts)
+
+
+def markdown_sections(document: dict[str, Any]) -> dict[str, str]:
+    """BENCHMARKS.md's generated sections, by name, from a results document."""
+    return {
+        "targets": _targets_markdown(document["targets"]),
+        "results": _results_markdown(document["rows"]),
+        "concurrency": _concurrency_markdown(document.get("scaling", {}).get("concurrency", [])),
+    }
+
+
+SECTIONS = ("targets", "results", "concurrency")
+"""The names of the generated sections, in page order."""
+
+
+def update_markdown(path: Path, document: dict[str, Any]) -> None:
+    """Rewrite the generated sections of ``path`` from ``document`` (a new file holds just the sections)."""
+    sections = markdown_sections(document)
+    if not path.exists():
+        path.write_text("\n\n".join(_marked(name, sections[name]) for name in SECTIONS) + "\n")
+        return
+    text = path.read_text()
+    for name in SECTIONS:
+        pattern = re.compile(rf"<!-- kvstores bench: {name} -->\n.*?<!-- /kvstores bench: {name} -->", re.DOTALL)
+        marked = _marked(name, sections[name])
+        text, found = pattern.subn(marked.replace("\\", "\\\\"), text)  # the body taken literally
+        if not found:
+            raise ValueError(f"{path} lacks <!-- kvstores bench: {name} --> ... <!-- /kvstores bench: {name} -->")
+    path.write_text(text)
+
+
+def _marked(name: str, body: str) -> str:
+    return f"<!-- kvstores bench: {name} -->\n{body}\n<!-- /kvstores bench: {name} -->"
 
 
 def _pyplot() -> Any:
@@ -166,10 +229,10 @@ def _bars(plt: Any, rows: list[dict[str, Any]], path: Path) -> None:
             ]
             axis.bar([i + index * width for i, _ in points], [ops for _, ops in points], width, label=name)
         axis.set_xticks([i + 0.4 - width / 2 for i in range(len(mine))])
-        axis.set_xticklabels([row["operation"] for row in mine], rotation=20, ha="right", fontsize=8)
+        axis.set_xticklabels([_operation(row) for row in mine], rotation=30, ha="right", fontsize=7)
         axis.set_yscale("log")
         axis.set_ylabel("ops/s (log)")
-        axis.set_title(f"{target} — {_size(smallest)} values, 1 task", fontsize=10)
+        axis.set_title(f"{target} — {size_label(smallest)} values, 1 task", fontsize=10)
         axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -194,19 +257,54 @@ def _lines(plt: Any, rows: list[dict[str, Any]], axis_name: str, metric: str, ti
     plt.close(figure)
 
 
+def _concurrency(plt: Any, rows: list[dict[str, Any]], path: Path) -> None:
+    """ops/s against concurrent tasks, one panel per target URL, one line per contender and operation."""
+    rows = [row for row in rows if "contenders" in row]
+    targets = list(dict.fromkeys(row["target"] for row in rows))
+    figure, axes = plt.subplots(len(targets), 1, figsize=(8, 4.2 * len(targets)), squeeze=False)
+    for axis, target in zip(axes[:, 0], targets):
+        mine = [row for row in rows if row["target"] == target]
+        names = dict.fromkeys(name for row in mine for name in row["contenders"])
+        for name in names:
+            for operation in dict.fromkeys(row["operation"] for row in mine):
+                points = sorted(
+                    (row["concurrency"], row["contenders"][name]["ops_per_second"])
+                    for row in mine
+                    if row["operation"] == operation and name in row["contenders"]
+                )
+                axis.plot([x for x, _ in points], [y for _, y in points], marker="o", label=f"{name} {operation}")
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("concurrent tasks")
+        axis.set_ylabel("ops/s")
+        axis.set_title(f"{target} — throughput against concurrent tasks (100 B values)", fontsize=10)
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _sibling(path: Path, name: str) -> Path:
+    return path.with_name(f"{path.stem}-{name}{path.suffix}")
+
+
 def plot(rows: list[dict[str, Any]], scaling: dict[str, list[dict[str, Any]]], path: Path) -> list[Path]:
-    """Write the bar chart to ``path`` and, after a scaling run, one line chart per axis beside it."""
+    """Write the bar chart to ``path`` and, after a scaling run, one chart per sweep beside it."""
     plt = _pyplot()
     written = [path]
     _bars(plt, rows, path)
     charts = (
         ("collection_size", "keys", "p50_us", "p50 latency against collection size (100 B values, 1 task)"),
         ("value_size", "value_bytes", "p50_us", "p50 latency against value size (1 task)"),
-        ("concurrency", "concurrency", "ops_per_second", "throughput against concurrent tasks (100 B values)"),
     )
     for key, axis_name, metric, title in charts:
         if scaling.get(key):
-            chart = path.with_name(f"{path.stem}-{key.replace('_', '-')}{path.suffix}")
+            chart = _sibling(path, key.replace("_", "-"))
             _lines(plt, scaling[key], axis_name, metric, title, chart)
             written.append(chart)
+    if any("contenders" in row for row in scaling.get("concurrency", [])):
+        chart = _sibling(path, "concurrency")
+        _concurrency(plt, scaling["concurrency"], chart)
+        written.append(chart)
     return written

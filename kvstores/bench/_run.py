@@ -1,20 +1,32 @@
-"""Running a benchmark plan against store URLs: the main rows, event stores and scaling sweeps."""
+"""Running a benchmark plan against store URLs: the key-value, atomic and event-store rows, and the sweeps.
+
+A row is one scenario measured on every contender at once (see :mod:`kvstores.bench._measure`):
+``{"target": URL label, "backend": family, "store": class under test, "group": "kv" | "atomic"
+| "events", "operation", "value_bytes", "concurrency", "contenders": {name: figures},
+"ratios": {baseline: ours ÷ baseline ops/s}}``, or the same with ``"skipped": reason``.
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvstores.bench._baselines import baselines, family
 from kvstores.bench._measure import RowSkipped, Scenario, Settings, measure
 from kvstores.bench._scenarios import (
+    ATOMIC_VALUE_BYTES,
     COLLECTION,
     EVENT_COLLECTION,
     SCALE_COLLECTION,
+    append_at_length,
+    atomic_scenarios,
     event_scenarios,
+    full_stream,
     key_space,
     kv_scenarios,
     replay_subject,
@@ -38,10 +50,15 @@ class Plan:
     compare: bool
     events: bool
     scaling: bool
+    atomic: bool = True
+    """Measure put_if_absent, pop and update on stores that implement them."""
+    stream_lengths: tuple[int, ...] = ()
+    """Stream lengths of the ``append@N`` event-store rows."""
     collection_sizes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Backend family -> collection sizes of the collection-size sweep."""
     scaling_value_sizes: tuple[int, ...] = ()
     scaling_concurrencies: tuple[int, ...] = ()
+    """Concurrent tasks of the concurrency sweep (every contender, get and put of 100 B)."""
 
 
 class Progress:
@@ -54,10 +71,20 @@ class Progress:
         """One round of one contender is done."""
 
 
-def _describe(target: str, backend: str, group: str, scenario: Scenario) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Target:
+    """Where rows come from: the URL's label, its backend family and the class under test."""
+
+    label: str
+    backend: str
+    store: str
+
+
+def _describe(target: _Target, group: str, scenario: Scenario) -> dict[str, Any]:
     return {
-        "target": target,
-        "backend": backend,
+        "target": target.label,
+        "backend": target.backend,
+        "store": target.store,
         "group": group,
         "operation": scenario.operation,
         "value_bytes": scenario.value_bytes,
@@ -66,10 +93,10 @@ def _describe(target: str, backend: str, group: str, scenario: Scenario) -> dict
 
 
 async def _row(
-    target: str, backend: str, group: str, scenario: Scenario, subjects: dict[str, Any], plan: Plan, progress: Progress
+    target: _Target, group: str, scenario: Scenario, subjects: dict[str, Any], plan: Plan, progress: Progress
 ) -> dict[str, Any]:
     """Measure one scenario; the row holds each contender's figures and ours/baseline ratios."""
-    row = _describe(target, backend, group, scenario)
+    row = _describe(target, group, scenario)
     try:
         stats = await measure(scenario, subjects, plan.settings, progress.tick)
     except RowSkipped as exc:
@@ -119,45 +146,99 @@ async def _clean(store: Any, collection: str) -> None:
         await store.delete_many(key_space(100), collection=collection)
 
 
-def _event_contenders(store: Any, kind: str, contenders: dict[str, Any], compare: bool) -> dict[str, dict[str, Any]]:
-    """Event-store label -> {contender name -> event store}."""
+EventFactory = Callable[[int], Any]
+"""Makes an event store keeping at most that many events per stream."""
+
+
+def _event_contenders(
+    store: Any, kind: str, contenders: dict[str, Any], compare: bool
+) -> dict[str, dict[str, EventFactory]]:
+    """Event-store class under test -> {contender name -> factory}."""
     from kvstores.events import InMemoryEventStore, StoreEventStore
 
-    groups: dict[str, dict[str, Any]] = {
-        "StoreEventStore": {"kvstores": StoreEventStore(store, collection=EVENT_COLLECTION)}
+    groups: dict[str, dict[str, EventFactory]] = {
+        "StoreEventStore": {
+            "kvstores": lambda keep: StoreEventStore(store, collection=EVENT_COLLECTION, max_events_per_stream=keep)
+        }
     }
     if kind == "memory":
-        groups["InMemoryEventStore"] = {"kvstores": InMemoryEventStore()}
+        groups["InMemoryEventStore"] = {"kvstores": lambda keep: InMemoryEventStore(max_events_per_stream=keep)}
     if compare and importlib.util.find_spec("fastmcp") is not None:
         from fastmcp.server.event_store import EventStore
 
-        groups["StoreEventStore"]["fastmcp"] = EventStore(storage=store)
+        groups["StoreEventStore"]["fastmcp"] = lambda keep: EventStore(storage=store, max_events_per_stream=keep)
         if "py-key-value" in contenders:
-            groups["StoreEventStore"]["fastmcp+py-key-value"] = EventStore(storage=contenders["py-key-value"])
+            theirs = contenders["py-key-value"]
+            groups["StoreEventStore"]["fastmcp+py-key-value"] = lambda keep: EventStore(
+                storage=theirs, max_events_per_stream=keep
+            )
         if kind == "memory":
-            groups["InMemoryEventStore"]["fastmcp"] = EventStore()
+            groups["InMemoryEventStore"]["fastmcp"] = lambda keep: EventStore(max_events_per_stream=keep)
     return groups
 
 
+async def _prepared_row(
+    target: _Target,
+    scenario: Scenario,
+    prepare: Mapping[str, Callable[[], Awaitable[Any]]],
+    plan: Plan,
+    progress: Progress,
+) -> dict[str, Any]:
+    """Prepare each contender's subject (untimed), then measure ``scenario`` on them."""
+    try:
+        subjects = {name: await make() for name, make in prepare.items()}
+    except Exception as exc:  # e.g. the backend failed while the stream was written
+        return {**_describe(target, "events", scenario), "skipped": f"failed: {exc!r}"}
+    return await _row(target, "events", scenario, subjects, plan, progress)
+
+
 async def _event_rows(
-    target: str, kind: str, store: Any, contenders: dict[str, Any], plan: Plan, progress: Progress
+    target: _Target, store: Any, contenders: dict[str, Any], plan: Plan, progress: Progress
 ) -> list[dict[str, Any]]:
+    from kvstores.events import DEFAULT_MAX_EVENTS_PER_STREAM
+
     rows = []
-    for label, subjects in _event_contenders(store, kind, contenders, plan.compare).items():
-        append, replay = event_scenarios(label)
-        progress.start(f"{target} {label}", 2 * len(subjects) * (plan.settings.rounds + 1))
-        rows.append(await _row(target, kind, "events", append, subjects, plan, progress))
-        try:
-            replays = {name: await replay_subject(subject) for name, subject in subjects.items()}
-        except Exception as exc:  # e.g. the backend failed while the stream was written
-            rows.append({**_describe(target, kind, "events", replay), "skipped": f"failed: {exc!r}"})
-            continue
-        rows.append(await _row(target, kind, "events", replay, replays, plan, progress))
+    for label, factories in _event_contenders(store, target.backend, contenders, plan.compare).items():
+        mine = _Target(target.label, target.backend, label)
+        ticks = (2 + len(plan.stream_lengths)) * len(factories) * (plan.settings.rounds + 1)
+        progress.start(f"{target.label} {label}", ticks)
+        append, replay = event_scenarios()
+        subjects = {name: factory(DEFAULT_MAX_EVENTS_PER_STREAM) for name, factory in factories.items()}
+        rows.append(await _row(mine, "events", append, subjects, plan, progress))
+        replays = {name: functools.partial(replay_subject, subject) for name, subject in subjects.items()}
+        rows.append(await _prepared_row(mine, replay, replays, plan, progress))
+        for length in plan.stream_lengths:
+            streams = {
+                name: functools.partial(full_stream, factory(length), length) for name, factory in factories.items()
+            }
+            rows.append(await _prepared_row(mine, append_at_length(length), streams, plan, progress))
     return rows
 
 
+def _atomic(store: Any) -> bool:
+    """True if ``store`` offers the atomic operations."""
+    import kvstores
+
+    protocol = getattr(kvstores, "AtomicStore", None)
+    return protocol is not None and isinstance(store, protocol)
+
+
+async def _atomic_rows(
+    target: _Target, contenders: dict[str, Any], plan: Plan, progress: Progress
+) -> list[dict[str, Any]]:
+    """put_if_absent, pop and uncontended update, against the contenders that have them."""
+    if not _atomic(contenders["kvstores"]):
+        return []
+    able = {name: subject for name, subject in contenders.items() if hasattr(subject, "put_if_absent")}
+    scenarios = [scenario for tasks in plan.concurrencies for scenario in atomic_scenarios(tasks)]
+    for subject in able.values():
+        await _populate(subject, key_space(ATOMIC_VALUE_BYTES), value_of(ATOMIC_VALUE_BYTES))
+    progress.start(f"{target.label} atomic", len(scenarios) * len(able) * (plan.settings.rounds + 1))
+    return [await _row(target, "atomic", scenario, able, plan, progress) for scenario in scenarios]
+
+
 async def _main_rows(
-    target: str, kind: str, contenders: dict[str, Any], plan: Plan, progress: Progress
+    target: _Target, contenders: dict[str, Any], plan: Plan, progress: Progress
 ) -> list[dict[str, Any]]:
     rows = []
     for size in plan.value_sizes:
@@ -167,11 +248,11 @@ async def _main_rows(
                 await _populate(store, key_space(size), value_of(size))
         except Exception as exc:  # the size's rows cannot run; the other sizes still may
             failed = f"failed: writing the key space: {exc!r}"
-            rows += [{**_describe(target, kind, "kv", scenario), "skipped": failed} for scenario in scenarios]
+            rows += [{**_describe(target, "kv", scenario), "skipped": failed} for scenario in scenarios]
             continue
-        progress.start(f"{target} {size:,} B", len(scenarios) * len(contenders) * (plan.settings.rounds + 1))
+        progress.start(f"{target.label} {size:,} B", len(scenarios) * len(contenders) * (plan.settings.rounds + 1))
         for scenario in scenarios:
-            rows.append(await _row(target, kind, "kv", scenario, contenders, plan, progress))
+            rows.append(await _row(target, "kv", scenario, contenders, plan, progress))
     return rows
 
 
@@ -188,11 +269,12 @@ def _collection_size_scenarios(count: int, value: dict[str, Any]) -> list[Scenar
 
 
 async def _sweep(
-    target: str, store: Any, scenarios: list[tuple[str, int, Scenario]], plan: Plan, progress: Progress
+    target: _Target, store: Any, scenarios: list[tuple[str, int, Scenario]], plan: Plan, progress: Progress
 ) -> list[dict[str, Any]]:
+    """kvstores alone: one point per scenario, ``{axis: point}`` beside its figures."""
     rows = []
     for axis, point, scenario in scenarios:
-        row = {"target": target, "operation": scenario.operation, axis: point}
+        row = {"target": target.label, "backend": target.backend, "operation": scenario.operation, axis: point}
         try:
             stats = (await measure(scenario, {"kvstores": store}, plan.settings, progress.tick))["kvstores"]
         except RowSkipped as exc:
@@ -204,12 +286,13 @@ async def _sweep(
     return rows
 
 
-async def _scaling(target: str, url: str, kind: str, plan: Plan, progress: Progress) -> dict[str, list[dict[str, Any]]]:
-    """Cost of get and put against collection size, value size and concurrency (kvstores only)."""
-    sizes = plan.collection_sizes.get(kind, plan.collection_sizes.get("other", ()))
-    store: Any = open_store(url, **({"max_entries": 2 * max(sizes, default=1)} if kind == "memory" else {}))
+async def _size_sweeps(target: _Target, url: str, plan: Plan, progress: Progress) -> dict[str, list[dict[str, Any]]]:
+    """Cost of get and put against collection size and value size (kvstores only)."""
+    sizes = plan.collection_sizes.get(target.backend, plan.collection_sizes.get("other", ()))
+    options = {"max_entries": 2 * max(sizes, default=1)} if target.backend == "memory" else {}
+    store: Any = open_store(url, **options)
     small = value_of(100)
-    result: dict[str, list[dict[str, Any]]] = {"collection_size": [], "value_size": [], "concurrency": []}
+    result: dict[str, list[dict[str, Any]]] = {"collection_size": [], "value_size": []}
     ticks = 2 * (plan.settings.rounds + 1)
     try:
         loaded = 0
@@ -218,50 +301,61 @@ async def _scaling(target: str, url: str, kind: str, plan: Plan, progress: Progr
             await _populate(store, [f"s{i}" for i in range(loaded, count)], small, SCALE_COLLECTION, 1000)
             load_seconds = time.perf_counter() - started
             loaded = count
-            progress.start(f"{target} scaling: {count:,} keys", ticks)
+            progress.start(f"{target.label} scaling: {count:,} keys", ticks)
             scenarios = [("keys", count, scenario) for scenario in _collection_size_scenarios(count, small)]
             for row in await _sweep(target, store, scenarios, plan, progress):
                 result["collection_size"].append({**row, "load_seconds": round(load_seconds, 2)})
         await store.destroy_collection(SCALE_COLLECTION)
         for size in plan.scaling_value_sizes:
             await _populate(store, key_space(size), value_of(size))
-            progress.start(f"{target} scaling: {size:,} B", ticks)
+            progress.start(f"{target.label} scaling: {size:,} B", ticks)
             scenarios = [("value_bytes", size, scenario) for scenario in kv_scenarios(size, 1, ("get", "put"))]
             result["value_size"] += await _sweep(target, store, scenarios, plan, progress)
-        await _populate(store, key_space(100), small)
-        progress.start(f"{target} scaling: concurrency", ticks * len(plan.scaling_concurrencies))
-        scenarios = [
-            ("concurrency", tasks, scenario)
-            for tasks in plan.scaling_concurrencies
-            for scenario in kv_scenarios(100, tasks, ("get", "put"))
-        ]
-        result["concurrency"] += await _sweep(target, store, scenarios, plan, progress)
     finally:
         await _close(store)
     return result
 
 
+async def _concurrency_sweep(
+    target: _Target, contenders: dict[str, Any], plan: Plan, progress: Progress
+) -> list[dict[str, Any]]:
+    """Throughput of get and put of 100 B against concurrent tasks, every contender in the same rounds."""
+    for store in contenders.values():
+        await _populate(store, key_space(100), value_of(100))
+    scenarios = [
+        scenario for tasks in plan.scaling_concurrencies for scenario in kv_scenarios(100, tasks, ("get", "put"))
+    ]
+    progress.start(
+        f"{target.label} scaling: concurrency", len(scenarios) * len(contenders) * (plan.settings.rounds + 1)
+    )
+    return [await _row(target, "kv", scenario, contenders, plan, progress) for scenario in scenarios]
+
+
 async def run_target(
-    target: str, url: str, plan: Plan, progress: Progress
+    label: str, url: str, plan: Plan, progress: Progress
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Benchmark the store at ``url`` (shown as ``target``); return (rows, scaling results)."""
-    kind = family(url)
+    """Benchmark the store at ``url`` (shown as ``label``); return (rows, scaling results)."""
     store: Any = open_store(url)
+    target = _Target(label, family(url), type(store).__name__)
     contenders: dict[str, Any] = {"kvstores": store}
     if plan.compare:
-        contenders |= baselines(url, getattr(store, "path", None) if kind == "sqlite" else None)
+        contenders |= baselines(url, store)
     rows: list[dict[str, Any]] = []
+    scaling: dict[str, Any] = {}
     try:
-        rows += await _main_rows(target, kind, contenders, plan, progress)
+        rows += await _main_rows(target, contenders, plan, progress)
+        if plan.atomic:
+            rows += await _atomic_rows(target, contenders, plan, progress)
         if plan.events:
-            rows += await _event_rows(target, kind, store, contenders, plan, progress)
+            rows += await _event_rows(target, store, contenders, plan, progress)
+        if plan.scaling:
+            scaling["concurrency"] = await _concurrency_sweep(target, contenders, plan, progress)
     finally:
         for contender in contenders.values():
             await _close(contender)
-    scaling: dict[str, Any] = {}
     if plan.scaling:
         try:
-            scaling = await _scaling(target, url, kind, plan, progress)
+            scaling |= await _size_sweeps(target, url, plan, progress)
         except Exception as exc:  # keep the rows measured so far
-            print(f"kvstores bench: {target}: scaling failed: {exc!r}", file=sys.stderr)
+            print(f"kvstores bench: {label}: scaling failed: {exc!r}", file=sys.stderr)
     return rows, scaling

@@ -12,18 +12,27 @@ Key-value scenarios (every contender gets the same calls):
   would move 100 MB);
 - everything goes to collection :data:`COLLECTION`.
 
+Atomic-operation scenarios (stores that implement ``kvstores.AtomicStore``), 100 B values:
+``put_if_absent`` of a key that does not exist yet (the winning path); ``pop`` of a key that
+exists (written, untimed, before each batch); ``update`` of an existing key with nobody else
+writing it (one task only: the uncontended path, a read and a compare-and-set).
+
 Event-store scenarios (MCP resumability): ``append`` stores a small JSON-RPC notification
 on one stream; ``replay`` replays a 100-event stream after its first event (99 events
-sent to a callback that drops them).
+sent to a callback that drops them); ``append@N`` appends to a stream that holds N events
+and is capped at N (so it stays at N: each append also drops the oldest event), which shows
+how the cost of an append grows with the stream.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from kvstores.bench._measure import Scenario
 
 __all__ = [
+    "ATOMIC_OPERATIONS",
     "BATCH",
     "BULK_OPERATIONS",
     "COLLECTION",
@@ -31,10 +40,14 @@ __all__ = [
     "KV_OPERATIONS",
     "SCALE_COLLECTION",
     "SINGLE_OPERATIONS",
+    "append_at_length",
+    "atomic_scenarios",
     "event_scenarios",
+    "full_stream",
     "key_space",
     "kv_scenarios",
     "replay_subject",
+    "size_label",
     "value_of",
 ]
 
@@ -62,6 +75,12 @@ BULK_OPERATIONS = ("get_many", "put_many", "delete_many")
 KV_OPERATIONS = SINGLE_OPERATIONS + BULK_OPERATIONS
 """Every key-value operation, in report order."""
 
+ATOMIC_OPERATIONS = ("put_if_absent", "pop", "update")
+"""The atomic operations, in report order."""
+
+ATOMIC_VALUE_BYTES = 100
+"""Value size of the atomic-operation rows."""
+
 _LARGE = 1_000_000  # values this size and above use a small key space and no bulk rows
 _REFILL_BYTES = 16_000_000  # data one delete_many batch may (re)write before it runs
 
@@ -69,6 +88,16 @@ _REFILL_BYTES = 16_000_000  # data one delete_many batch may (re)write before it
 def value_of(size: int) -> dict[str, Any]:
     """A value whose compact JSON encoding is ``size`` bytes (at least 11)."""
     return {"data": "x" * max(0, size - 11)}
+
+
+def size_label(value_bytes: int | None) -> str:
+    """A value size in words: ``100 B``, ``10 KB``, ``1 MB``; ``-`` for rows without values."""
+    if value_bytes is None:
+        return "-"
+    for unit, scale in (("MB", 1_000_000), ("KB", 1_000)):
+        if value_bytes >= scale:
+            return f"{value_bytes / scale:g} {unit}"
+    return f"{value_bytes} B"
 
 
 def key_space(size: int) -> list[str]:
@@ -121,6 +150,39 @@ def kv_scenarios(size: int, concurrency: int, operations: tuple[str, ...] = KV_O
     return [every[operation] for operation in operations if operation in every]
 
 
+def atomic_scenarios(concurrency: int) -> list[Scenario]:
+    """The atomic-operation rows for one concurrency (``update`` only with one task: uncontended)."""
+    value = value_of(ATOMIC_VALUE_BYTES)
+    names = key_space(ATOMIC_VALUE_BYTES)
+    fresh = itertools.count()
+    doomed: list[str] = []  # pop's keys, rewritten before each batch
+    size = ATOMIC_VALUE_BYTES
+
+    async def refill(store: Any, calls: int) -> None:
+        doomed[:] = [f"p{next(fresh)}" for _ in range(calls)]
+        for start in range(0, calls, BATCH):
+            part = doomed[start : start + BATCH]
+            await store.put_many(part, [value] * len(part), collection=COLLECTION)
+
+    def replace(old: dict[str, Any] | None) -> dict[str, Any]:
+        return value
+
+    scenarios = [
+        Scenario(
+            "put_if_absent",
+            size,
+            concurrency,
+            lambda s, i: s.put_if_absent(f"n{next(fresh)}", value, collection=COLLECTION),
+        ),
+        Scenario("pop", size, concurrency, lambda s, i: s.pop(doomed[i], collection=COLLECTION), refill=refill),
+    ]
+    if concurrency == 1:
+        scenarios.append(
+            Scenario("update", size, 1, lambda s, i: s.update(names[i % len(names)], replace, collection=COLLECTION))
+        )
+    return scenarios
+
+
 def _message() -> Any:
     from mcp.types import JSONRPCNotification
 
@@ -150,9 +212,27 @@ async def replay_subject(event_store: Any) -> tuple[Any, str]:
     return event_store, first
 
 
-def event_scenarios(label: str) -> tuple[Scenario, Scenario]:
+def event_scenarios() -> tuple[Scenario, Scenario]:
     """``(append, replay)``: append's subject is an event store, replay's a :func:`replay_subject`."""
     message = _message()
-    append = Scenario(f"{label}.append", None, 1, lambda s, i: s.store_event("bench-append", message))
-    replay = Scenario(f"{label}.replay", None, 1, lambda s, i: s[0].replay_events_after(s[1], _drop))
+    append = Scenario("append", None, 1, lambda s, i: s.store_event("bench-append", message))
+    replay = Scenario("replay", None, 1, lambda s, i: s[0].replay_events_after(s[1], _drop))
     return append, replay
+
+
+async def full_stream(event_store: Any, length: int) -> tuple[Any, str]:
+    """Fill a fresh stream with ``length`` events; return ``(event_store, stream id)`` for :func:`append_at_length`.
+
+    ``event_store`` must keep ``length`` events per stream, so that the stream stays that long.
+    """
+    stream = f"bench-length-{length}"
+    message = _message()
+    for _ in range(length):
+        await event_store.store_event(stream, message)
+    return event_store, stream
+
+
+def append_at_length(length: int) -> Scenario:
+    """``append@length``: its subject is a :func:`full_stream` of ``length`` events."""
+    message = _message()
+    return Scenario(f"append@{length}", None, 1, lambda s, i: s[0].store_event(s[1], message))

@@ -1,0 +1,153 @@
+"""The targets: every ratio kvstores promises against a baseline, in one table, and how a run is judged.
+
+A target covers the measured rows of one group (``kv``, ``atomic`` or ``events``) whose
+operation, value size and concurrency it names, on one backend or on every backend. It is
+judged separately for each target URL and each store class under test, so that one event
+store's miss is never averaged away by another's success: the *median* ratio over the rows it
+covers must reach ``minimum``; the worst row is reported beside it. A target whose baseline ran
+but whose every row was skipped or failed is a miss ("not measured"), never silently absent.
+
+To add a target, add a :class:`Target` to :data:`TARGETS`; to add a baseline, see
+:mod:`kvstores.bench._baselines`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from kvstores.bench._baselines import raw_name
+from kvstores.bench._scenarios import (
+    ATOMIC_OPERATIONS,
+    KV_OPERATIONS,
+    SINGLE_OPERATIONS,
+    size_label,
+)
+
+__all__ = ["RAW", "TARGETS", "Target", "evaluate", "row_label"]
+
+RAW = "raw"
+"""As a target's baseline: the raw driver of each row's backend (``aiosqlite``, ``redis.asyncio``...)."""
+
+_LOWER_IS_BETTER = frozenset({"p50_us", "p99_us", "cpu_us"})
+
+
+@dataclass(frozen=True)
+class Target:
+    """A ratio kvstores promises: the median over the matching rows of ours ÷ baseline >= ``minimum``."""
+
+    label: str
+    """Shown in reports; ``{store}``, ``{backend}`` and ``{baseline}`` are filled in."""
+    baseline: str
+    """A contender name (``py-key-value``, ``fastmcp``...) or :data:`RAW`."""
+    minimum: float
+    operations: tuple[str, ...]
+    group: str = "kv"
+    backend: str | None = None
+    """Backend family the rows come from; None: every backend, each judged on its own."""
+    value_bytes: int | None = None
+    """Only rows of this value size (None: every size)."""
+    concurrency: int | None = None
+    """Only rows with this many concurrent tasks (None: every concurrency)."""
+    metric: str = "ops_per_second"
+    """The figure compared; for latencies and CPU (lower is better) the ratio is baseline ÷ ours,
+    so that above 1 always means kvstores does better."""
+
+    def covers(self, row: dict[str, Any]) -> bool:
+        """True if ``row`` is one of this target's rows (measured or skipped)."""
+        return (
+            row["group"] == self.group
+            and row["operation"] in self.operations
+            and (self.backend is None or row["backend"] == self.backend)
+            and (self.value_bytes is None or row["value_bytes"] == self.value_bytes)
+            and (self.concurrency is None or row["concurrency"] == self.concurrency)
+        )
+
+    def baseline_of(self, backend: str) -> str:
+        """The contender this target compares with on ``backend``."""
+        return raw_name(backend) if self.baseline == RAW else self.baseline
+
+    def ratio(self, row: dict[str, Any], baseline: str) -> float | None:
+        """Ours ÷ ``baseline`` in ``row`` (inverted for lower-is-better metrics), or None if not measured."""
+        contenders = row.get("contenders", {})
+        if baseline not in contenders:
+            return None
+        if self.metric == "ops_per_second":
+            return float(row["ratios"][baseline])  # the figure the row shows
+        ours, theirs = contenders["kvstores"][self.metric], contenders[baseline][self.metric]
+        return float(theirs / ours if self.metric in _LOWER_IS_BETTER else ours / theirs)
+
+
+TARGETS = (
+    Target("{store} vs py-key-value MemoryStore, 100 B", "py-key-value", 10.0, KV_OPERATIONS, "kv", "memory", 100),
+    Target("{store} vs py-key-value MemoryStore, all sizes", "py-key-value", 10.0, KV_OPERATIONS, "kv", "memory"),
+    Target("{store} vs dict+json (within 2x)", "dict+json", 0.5, KV_OPERATIONS, "kv", "memory"),
+    Target("{store} get vs raw aiosqlite", "aiosqlite", 0.8, ("get",), "kv", "sqlite"),
+    Target("{store} single-key ops vs raw redis.asyncio", "redis.asyncio", 0.9, SINGLE_OPERATIONS, "kv", "redis"),
+    Target("{store} single-key ops vs py-key-value RedisStore", "py-key-value", 1.3, SINGLE_OPERATIONS, "kv", "redis"),
+    Target("{store} vs raw pymongo", "pymongo", 0.85, KV_OPERATIONS, "kv", "mongodb"),
+    Target("{store} get and put vs raw asyncpg", "asyncpg", 0.85, ("get", "put"), "kv", "postgresql"),
+    Target("{store} bulk ops vs raw asyncpg", "asyncpg", 0.85, ("get_many", "put_many"), "kv", "postgresql"),
+    Target("{store} vs py-key-value PostgreSQLStore", "py-key-value", 1.2, KV_OPERATIONS, "kv", "postgresql"),
+    Target("{store} atomic operations vs raw {baseline}", RAW, 0.8, ATOMIC_OPERATIONS, "atomic"),
+    Target("{store} append vs fastmcp EventStore ({backend})", "fastmcp", 3.0, ("append",), "events"),
+    Target("{store} replay vs fastmcp EventStore ({backend})", "fastmcp", 5.0, ("replay",), "events"),
+)
+"""Every target, in report order."""
+
+
+def row_label(row: dict[str, Any]) -> str:
+    """A row in words: ``get 100 B x64``, ``StoreEventStore.append``."""
+    if row["group"] == "events":
+        return f"{row['store']}.{row['operation']}"
+    return f"{row['operation']} {size_label(row['value_bytes'])} x{row['concurrency']}"
+
+
+def _judge(target: Target, url: str, store: str, rows: list[dict[str, Any]], baseline: str) -> dict[str, Any]:
+    backend = rows[0]["backend"]
+    ratios = [(ratio, row) for row in rows if (ratio := target.ratio(row, baseline)) is not None]
+    result: dict[str, Any] = {
+        "target": target.label.format(store=store, backend=backend, baseline=baseline),
+        "url": url,
+        "backend": backend,
+        "store": store,
+        "baseline": baseline,
+        "metric": target.metric,
+        "minimum": target.minimum,
+        "rows": len(ratios),
+        "skipped_rows": len(rows) - len(ratios),
+    }
+    if not ratios:
+        return {**result, "median_ratio": None, "worst_ratio": None, "worst_row": None, "met": False}
+    median = statistics.median(ratio for ratio, _ in ratios)
+    worst, worst_row = min(ratios, key=lambda pair: pair[0])
+    return {
+        **result,
+        "median_ratio": round(median, 3),
+        "worst_ratio": round(worst, 3),
+        "worst_row": row_label(worst_row),
+        "met": median >= target.minimum,
+    }
+
+
+def evaluate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each target judged on ``rows``, per target URL and store class, in :data:`TARGETS` order.
+
+    A (URL, store) is judged only if the target's baseline ran against that URL (so a run
+    without ``--compare`` has no targets); it is then a miss when none of its rows was measured.
+    """
+    contenders: dict[str, set[str]] = {}
+    for row in rows:
+        contenders.setdefault(row["target"], set()).update(row.get("contenders", {}))
+    results = []
+    for target in TARGETS:
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for row in rows:
+            if target.covers(row):
+                groups.setdefault((row["target"], row["store"]), []).append(row)
+        for (url, store), covered in groups.items():
+            baseline = target.baseline_of(covered[0]["backend"])
+            if baseline in contenders[url]:
+                results.append(_judge(target, url, store, covered, baseline))
+    return results
