@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from kvstores.bench._report import SECTIONS, update_markdown
 from kvstores.bench._scenarios import KV_OPERATIONS
+from kvstores.bench._targets import evaluate
 
 pytest.importorskip("rich")
 
@@ -30,25 +32,37 @@ def _bench(*args: str, cwd: Path) -> dict[str, Any]:
     return document
 
 
+def _measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows that were measured; fails when every row was skipped (a check over no rows checks nothing)."""
+    measured = [row for row in rows if "skipped" not in row]
+    assert measured, f"every row was skipped: {[row['skipped'] for row in rows]}"
+    return measured
+
+
 def _check_figures(figures: dict[str, Any]) -> None:
-    assert set(figures) == {"ops_per_second", "p50_us", "p99_us", "calls"}
+    assert set(figures) == {"ops_per_second", "p50_us", "p99_us", "cpu_us", "calls"}
     assert figures["ops_per_second"] > 0
     assert figures["calls"] > 0
+    assert figures["cpu_us"] >= 0
     assert 0 < figures["p50_us"] <= figures["p99_us"]
 
 
+def test_measured_fails_when_every_row_is_skipped() -> None:
+    with pytest.raises(AssertionError, match="every row was skipped"):
+        _measured([{"operation": "get", "skipped": "64 calls took 3.1 s (limit 3 s)"}])
+
+
 def test_quick_compare_on_memory(tmp_path: Path) -> None:
-    document = _bench("--compare", "--no-events", "memory://", cwd=tmp_path)
+    document = _bench("--compare", "--no-events", "--no-atomic", "memory://", cwd=tmp_path)
     assert document["machine"]["cpu_count"] >= 1
     assert document["settings"]["compare"] is True
     rows = document["rows"]
     assert {row["operation"] for row in rows} == set(KV_OPERATIONS)
     assert {row["concurrency"] for row in rows} == {1, 64}
-    for row in rows:
-        assert row["target"] == "memory://"
-        assert row["backend"] == "memory"
-        if "skipped" in row:
-            continue
+    measured = _measured(rows)
+    assert measured == rows, "nothing on memory:// is slow enough to skip"
+    for row in measured:
+        assert (row["target"], row["backend"], row["store"]) == ("memory://", "memory", "MemoryStore")
         assert set(row["contenders"]) == {"kvstores", "dict+json", "py-key-value"}
         for figures in row["contenders"].values():
             _check_figures(figures)
@@ -64,13 +78,63 @@ def test_quick_default_targets_with_events(tmp_path: Path) -> None:
     document = _bench(cwd=tmp_path)
     rows = document["rows"]
     assert {row["target"] for row in rows} == {"memory://", "sqlite (temporary file)"}
-    kv = [row for row in rows if row["group"] == "kv" and "skipped" not in row]
+    kv = _measured([row for row in rows if row["group"] == "kv"])
     assert {row["operation"] for row in kv if row["backend"] == "sqlite"} == set(KV_OPERATIONS)
     for row in kv:
         assert set(row["contenders"]) == {"kvstores"}
         assert row["ratios"] == {}
         _check_figures(row["contenders"]["kvstores"])
-    events = {(row["backend"], row["operation"]) for row in rows if row["group"] == "events"}
-    assert ("sqlite", "StoreEventStore.replay") in events
-    assert ("memory", "InMemoryEventStore.append") in events
+    events = {(row["backend"], row["store"], row["operation"]) for row in _measured(rows) if row["group"] == "events"}
+    assert ("sqlite", "StoreEventStore", "replay") in events
+    assert ("sqlite", "StoreEventStore", "append@10") in events
+    assert ("memory", "InMemoryEventStore", "append") in events
+    assert document["targets"] == [], "without --compare there is no baseline to judge"
     assert not list(tmp_path.glob("*.db*")), "the temporary SQLite file belongs in a temporary directory"
+
+
+def _row(store: str, operation: str, ratio: float | None, group: str = "events") -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "target": "memory://",
+        "backend": "memory",
+        "store": store,
+        "group": group,
+        "operation": operation,
+        "value_bytes": None,
+        "concurrency": 1,
+    }
+    if ratio is None:
+        return {**row, "skipped": "failed: boom"}
+    figures = {"ops_per_second": 100.0 * ratio, "p50_us": 1.0, "p99_us": 2.0, "cpu_us": 1.0, "calls": 10}
+    baseline = {**figures, "ops_per_second": 100.0}
+    return {**row, "contenders": {"kvstores": figures, "fastmcp": baseline}, "ratios": {"fastmcp": ratio}}
+
+
+def test_event_targets_are_judged_per_event_store_class() -> None:
+    rows = [_row("InMemoryEventStore", "replay", 107.0), _row("StoreEventStore", "replay", 2.1)]
+    replay = {result["store"]: result for result in evaluate(rows) if "replay" in result["target"]}
+    assert replay["StoreEventStore"]["met"] is False
+    assert replay["StoreEventStore"]["median_ratio"] == 2.1
+    assert replay["InMemoryEventStore"]["met"] is True
+
+
+def test_a_target_whose_rows_were_all_skipped_is_a_miss() -> None:
+    rows = [_row("StoreEventStore", "append", 10.0), _row("StoreEventStore", "replay", None)]
+    replay = [result for result in evaluate(rows) if "replay" in result["target"]]
+    assert len(replay) == 1
+    assert replay[0]["met"] is False
+    assert replay[0]["rows"] == 0
+    assert replay[0]["skipped_rows"] == 1
+
+
+def test_markdown_sections_are_rewritten_in_place(tmp_path: Path) -> None:
+    rows = [_row("StoreEventStore", "append", 10.0), _row("StoreEventStore", "replay", 2.1)]
+    document = {"rows": rows, "targets": evaluate(rows), "scaling": {}}
+    page = tmp_path / "BENCHMARKS.md"
+    markers = "".join(f"<!-- kvstores bench: {name} -->\nold\n<!-- /kvstores bench: {name} -->\n" for name in SECTIONS)
+    page.write_text(f"# prose kept\n{markers}more prose\n")
+    update_markdown(page, document)
+    text = page.read_text()
+    assert text.startswith("# prose kept\n") and text.endswith("more prose\n")
+    assert "old" not in text
+    assert "| StoreEventStore replay vs fastmcp EventStore (memory) | `memory://` | >= 5.0x | 2.10x |" in text
+    assert "- StoreEventStore replay vs fastmcp EventStore (memory) on memory://: needs >= 5.0x" in text
