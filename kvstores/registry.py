@@ -32,6 +32,8 @@ SCHEMES: dict[str, str] = {
     "redis+cluster": "kvstores.backends.redis:RedisStore",
     "mongodb": "kvstores.backends.mongodb:MongoDBStore",
     "mongodb+srv": "kvstores.backends.mongodb:MongoDBStore",
+    "postgresql": "kvstores.backends.postgresql:PostgreSQLStore",
+    "postgres": "kvstores.backends.postgresql:PostgreSQLStore",
 }
 """Built-in URL schemes and the store class each opens."""
 
