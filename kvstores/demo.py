@@ -1,6 +1,6 @@
 """``kvstores demo``: FastMCP session state on a kvstores store, step by step.
 
-Runs a real FastMCP server (in-process, see :mod:`kvstores.conformance.fastmcp`) on the
+Runs a real FastMCP server (in-process, see :mod:`kvstores.harness`) on the
 store at ``--store`` (default: an SQLite file in the working directory) and shows, in a
 few seconds: handshake sessions kept apart and fresh on reconnect, ctx state expiring on
 its TTL, and an explicit session surviving a server restart. Between phases the server
@@ -17,14 +17,18 @@ from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-from fastmcp import Client
-from fastmcp.exceptions import ToolError
-from key_value.aio.wrappers.ttl_clamp import TTLClampWrapper
-
-from kvstores.conformance.fastmcp import FASTMCP_STATE_COLLECTION, connected_client, state_server
+from kvstores._optional import missing_extra
 from kvstores.errors import KVStoreError
+from kvstores.harness import FASTMCP_STATE_COLLECTION, connected_client, state_server
 from kvstores.protocol import AsyncKeyValue
 from kvstores.registry import open_store
+
+try:
+    from fastmcp import Client
+    from fastmcp.exceptions import ToolError
+    from key_value.aio.wrappers.ttl_clamp import TTLClampWrapper
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise missing_extra("fastmcp", "fastmcp") from exc
 
 __all__ = ["DEFAULT_STORE", "main"]
 

@@ -15,7 +15,7 @@ from mcp.shared.exceptions import MCPError
 
 from kvstores import open_store
 from kvstores.backends.sqlite import SQLiteStore
-from kvstores.conformance.fastmcp import connected_client
+from kvstores.harness import connected_client
 from tests.support.examples import example_servers
 from tests.support.fixtures import skip_or_fail
 from tests.support.redis import REDIS_URL, RedisServer, own_redis

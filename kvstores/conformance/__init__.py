@@ -5,25 +5,39 @@
 - :class:`SessionStateConformance`: a store behind ``FastMCP(session_state_store=...)``
   (needs the ``fastmcp`` extra).
 
-The suites that need an optional extra are imported on first access.
+All three share one base (:mod:`kvstores.conformance._base`): they run on asyncio, and a
+check of an optional capability is skipped, with the reason, on a store that does not
+implement it (:func:`kvstores.capabilities`). Each suite is imported on first access, after
+pytest has been told to rewrite its asserts, so a failed check shows what it saw.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvstores.conformance.kv import AsyncKeyValueConformance
+import pytest
 
 __all__ = ["AsyncKeyValueConformance", "EventStoreConformance", "SessionStateConformance"]
 
-_LAZY = {
+if TYPE_CHECKING:
+    from kvstores.conformance.events import EventStoreConformance
+    from kvstores.conformance.fastmcp import SessionStateConformance
+    from kvstores.conformance.kv import AsyncKeyValueConformance
+
+_SUITES = {
+    "AsyncKeyValueConformance": "kvstores.conformance.kv",
     "EventStoreConformance": "kvstores.conformance.events",
     "SessionStateConformance": "kvstores.conformance.fastmcp",
 }
 
+SUITE_MODULES = tuple(_SUITES.values())
+"""The modules holding the suites, whose asserts pytest rewrites."""
+
+pytest.register_assert_rewrite(*SUITE_MODULES)
+
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUITES:
+        return getattr(importlib.import_module(_SUITES[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,37 +1,28 @@
-"""The test classes ``kvstores check`` runs: each suite bound to $KVSTORES_CHECK_TARGET.
+"""The test classes ``kvstores check`` runs: each suite bound to the target it resolved.
 
-Every test starts from an empty store: the target's kvstores data is destroyed before
-and after each test, so point ``kvstores check`` at a scratch database.
+The target comes from the ``check_target`` fixture of ``kvstores check``'s plugin
+(:class:`kvstores.conformance._runner.CheckPlugin`). Every test starts from an empty store:
+the target's data is destroyed before and after each test (when the store has
+``destroy()``), so point ``kvstores check`` at a scratch database.
 """
 
 from __future__ import annotations
 
-import os
+import importlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from kvstores.conformance.kv import AsyncKeyValueConformance
-from kvstores.conformance.targets import TARGET_VARIABLE, is_url, open_target
-
-# The events and fastmcp suites need optional extras; `kvstores check` imports them first
-# so that a missing one is reported with the extra to install.
-try:
-    from kvstores.conformance.events import EventStoreConformance
-except ImportError:
-    EventStoreConformance = object  # type: ignore[misc,assignment]
-try:
-    from kvstores.conformance.fastmcp import SessionStateConformance
-except ImportError:
-    SessionStateConformance = object  # type: ignore[misc,assignment]
+from kvstores.conformance.targets import Target, close
+from kvstores.protocol import capabilities
 
 _EVENT_LIMIT = 10
 _EVENT_TTL = 1.0
 
 
 async def _emptied(store: Any) -> Any:
-    if hasattr(store, "destroy"):
+    if "destroy" in capabilities(store):
         await store.destroy()
     return store
 
@@ -40,56 +31,62 @@ class _TargetStores:
     """``store`` and ``peer_store`` fixtures opened from the target."""
 
     @pytest.fixture
-    async def store(self) -> AsyncIterator[Any]:
-        store = await _emptied(await open_target())
+    async def store(self, check_target: Target) -> AsyncIterator[Any]:
+        store = await _emptied(await check_target.open())
         yield store
         if getattr(store, "closed", False):
-            store = await open_target()
+            store = await check_target.open()
         await _emptied(store)
-        if hasattr(store, "aclose"):
-            await store.aclose()
+        await close(store)
 
     @pytest.fixture
-    async def peer_store(self, store: Any) -> AsyncIterator[Any]:
-        peer = await open_target()
+    async def peer_store(self, check_target: Target, store: Any) -> AsyncIterator[Any]:
+        peer = await check_target.open()
         await store.put("__kvstores_probe__", {"probe": True})
         shared = await peer.get("__kvstores_probe__") is not None
         await store.delete("__kvstores_probe__")
         if not shared:
-            if hasattr(peer, "aclose"):
-                await peer.aclose()
+            await close(peer)
             pytest.skip("two store objects opened from this target do not share data")
         yield peer
-        if hasattr(peer, "aclose"):
-            await peer.aclose()
+        await close(peer)
 
 
-class TestKV(_TargetStores, AsyncKeyValueConformance):
+def _suite(module: str, name: str) -> Any:
+    """The suite class, or a plain base when its extra is missing (kvstores check tells the user first)."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError:
+        return object
+
+
+class TestKV(_TargetStores, _suite("kvstores.conformance.kv", "AsyncKeyValueConformance")):  # type: ignore[misc]
     """The key-value contract against the target."""
 
 
-class TestFastMCP(_TargetStores, SessionStateConformance):
+class TestFastMCP(_TargetStores, _suite("kvstores.conformance.fastmcp", "SessionStateConformance")):  # type: ignore[misc]
     """FastMCP session state on the target."""
 
 
-class TestEvents(EventStoreConformance):
-    """The MCP event-store contract: the target's event store, or a StoreEventStore over its store."""
+class TestEvents(_suite("kvstores.conformance.events", "EventStoreConformance")):  # type: ignore[misc]
+    """The MCP event-store contract on a StoreEventStore over the target's store (whose limits are known)."""
 
-    # The limits are known only when the suite builds the StoreEventStore itself (a URL target).
-    max_events_per_stream = max_streams = _EVENT_LIMIT if is_url(os.environ.get(TARGET_VARIABLE, "")) else None
-    ttl = _EVENT_TTL if max_streams else None
+    max_events_per_stream = max_streams = _EVENT_LIMIT
+    ttl = _EVENT_TTL
 
     @pytest.fixture
-    async def event_store(self) -> AsyncIterator[Any]:
-        from mcp.server.streamable_http import EventStore
-
+    async def event_store(self, check_target: Target) -> AsyncIterator[Any]:
         from kvstores.events import StoreEventStore
 
-        made = await open_target()
-        if isinstance(made, EventStore):
-            yield made
-            return
-        store = await _emptied(made)
+        store = await _emptied(await check_target.open())
         yield StoreEventStore(store, max_events_per_stream=_EVENT_LIMIT, max_streams=_EVENT_LIMIT, ttl=_EVENT_TTL)
         await _emptied(store)
-        await store.aclose()
+        await close(store)
+
+
+class TestEventStore(_suite("kvstores.conformance.events", "EventStoreConformance")):  # type: ignore[misc]
+    """The MCP event-store contract on the event store the target makes (its limits are not known)."""
+
+    @pytest.fixture
+    async def event_store(self, check_target: Target) -> AsyncIterator[Any]:
+        yield await check_target.open()

@@ -25,12 +25,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import pytest
 
 from kvstores._optional import missing_extra
+from kvstores.conformance._base import Conformance, abstract_fixture
 
 try:
     from mcp.server.streamable_http import EventMessage, EventStore
@@ -78,10 +78,10 @@ async def replay(event_store: EventStore, last_event_id: str) -> tuple[str | Non
     return await event_store.replay_events_after(last_event_id, recorder), recorder
 
 
-class EventStoreConformance:
+class EventStoreConformance(Conformance):
     """The kvstores event-store contract (DESIGN §4); subclass it with an ``event_store`` fixture."""
 
-    pytestmark: ClassVar = [pytest.mark.anyio]
+    subject: ClassVar[str] = "event_store"
 
     max_events_per_stream: ClassVar[int | None] = None
     """Events the fixture's store keeps per stream, at least 10 (None: trimming is not checked)."""
@@ -90,16 +90,7 @@ class EventStoreConformance:
     ttl: ClassVar[float | None] = None
     """Seconds after which the fixture's store forgets an event (None: expiry is not checked)."""
 
-    @pytest.fixture
-    def anyio_backend(self) -> str:
-        """Run the suite on asyncio."""
-        return "asyncio"
-
-    @pytest.fixture
-    async def event_store(self) -> AsyncIterator[EventStore]:
-        """The event store under test, holding no events: override this fixture."""
-        raise NotImplementedError("define an `event_store` fixture in your EventStoreConformance subclass")
-        yield  # pragma: no cover
+    event_store = abstract_fixture("The event store under test, holding no events: override this fixture.")
 
     def _limit(self, name: str) -> Any:
         value = getattr(self, name)

@@ -1,31 +1,18 @@
-"""FastMCP session state on a store: the in-memory harness and SessionStateConformance.
+"""SessionStateConformance: a store behind ``FastMCP(session_state_store=...)``, as a pytest class.
 
-The harness runs a FastMCP server on a store and a connected fastmcp client in one
-process, with no network (the FastMCP counterpart of the MCP SDK's
-``create_connected_server_and_client_session``). Use it in your own tests::
+Subclass it with a ``store`` fixture (and optionally ``peer_store``, a second store object
+on the same namespace)::
 
-    from kvstores.conformance.fastmcp import connected_client
+    class TestMyStoreWithFastMCP(SessionStateConformance):
+        @pytest.fixture
+        async def store(self):
+            async with MyStore(...) as store:
+                yield store
 
-    async def test_state_outlives_a_call(store):
-        async with connected_client(store) as client:
-            await client.call_tool("set_value", {"key": "user", "value": "Alice"})
-            assert (await client.call_tool("get_value", {"key": "user"})).data == "Alice"
-
-Pass ``server_factory=`` to serve your own FastMCP built on the store; the default is
-:func:`state_server`. For two clients of one server, build it once and open
-``fastmcp.Client(server, mode="legacy")`` twice.
-
-fastmcp 4 has two session modes, and the suite checks the store under both:
-
-- handshake (``mode="legacy"``): ``ctx.set_state``/``ctx.get_state`` are keyed by the
-  connection's session id and written with a one-day TTL, so state lasts as long as
-  the connection. (The default ``mode="auto"`` negotiates the stateless 2026-07-28
-  protocol, where the session id changes on every request and ctx state does not
-  carry over.)
-- explicit sessions (every mode): ``SessionProvider`` adds ``create_session``; tools
-  take ``session_id: SessionId`` and ``await get_session(session_id)``. One entry per
-  session, no TTL: on a persistent store it survives a server restart and is shared
-  by every server using that store.
+The checks run a FastMCP server on the store with the in-process harness of
+:mod:`kvstores.harness` (which needs no pytest: use it in your own code too), under both
+of fastmcp 4's session modes: handshake sessions (``ctx.set_state``/``ctx.get_state``,
+``mode="legacy"``) and explicit sessions (``SessionProvider``, ``SessionId``).
 
 Expiry. FastMCP writes ctx state with a fixed TTL (``Context._STATE_TTL_SECONDS``,
 86,400 s) and offers no setting to change it. Without patching fastmcp, the suite
@@ -39,101 +26,20 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from typing import Any, ClassVar
 
-import pytest
-from fastmcp import Client, Context, FastMCP
-from fastmcp.client.transports import FastMCPTransport
-from fastmcp.server.dependencies import get_session
-from fastmcp.server.sessions import SessionId, SessionProvider
-from key_value.aio.wrappers.ttl_clamp import TTLClampWrapper
+from kvstores._optional import missing_extra
+from kvstores.conformance._base import Conformance, abstract_fixture, optional_fixture
+from kvstores.harness import FASTMCP_STATE_COLLECTION, FASTMCP_STATE_TTL, connected_client, state_server
 
-from kvstores.protocol import AsyncKeyValue
+try:
+    from fastmcp import Client
+    from key_value.aio.wrappers.ttl_clamp import TTLClampWrapper
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise missing_extra("fastmcp", "fastmcp") from exc
 
-__all__ = [
-    "FASTMCP_STATE_COLLECTION",
-    "FASTMCP_STATE_TTL",
-    "ServerFactory",
-    "SessionStateConformance",
-    "connected_client",
-    "state_server",
-]
-
-FASTMCP_STATE_COLLECTION = "fastmcp_state"
-"""The collection FastMCP keeps session state in."""
-
-FASTMCP_STATE_TTL = 86_400.0
-"""The TTL, in seconds, FastMCP gives every ``ctx.set_state`` entry."""
-
-ServerFactory = Callable[[AsyncKeyValue], FastMCP[Any]]
-"""Builds a FastMCP server whose ``session_state_store`` is the given store."""
-
-
-def state_server(store: AsyncKeyValue, *, name: str = "kvstores-state") -> FastMCP[Any]:
-    """A FastMCP server on ``store`` with tools that read and write session state.
-
-    Handshake-mode tools: ``set_value(key, value)``, ``get_value(key)`` (None when
-    unset) and ``list_session_info()``. Explicit sessions: ``create_session()`` and
-    ``end_session(session_id)`` from SessionProvider, ``remember(session_id, key,
-    value)`` and ``recall(session_id, key)``. ``ping()`` touches no state.
-    """
-    server: FastMCP[Any] = FastMCP(name, session_state_store=store)
-    server.add_provider(SessionProvider())
-
-    @server.tool
-    async def set_value(key: str, value: Any, ctx: Context) -> object:
-        """Store a value in this connection's session state."""
-        await ctx.set_state(key, value)
-        return value
-
-    @server.tool
-    async def get_value(key: str, ctx: Context) -> object:
-        """Read a value from this connection's session state (None when unset)."""
-        return await ctx.get_state(key)
-
-    @server.tool
-    def list_session_info(ctx: Context) -> dict[str, str]:
-        """The id ctx state is keyed by."""
-        return {"session_id": ctx.session_id}
-
-    @server.tool
-    async def remember(session_id: SessionId, key: str, value: Any) -> object:
-        """Store a value in an explicit session made by create_session."""
-        session = await get_session(session_id)
-        await session.set(key, value)
-        return value
-
-    @server.tool
-    async def recall(session_id: SessionId, key: str) -> object:
-        """Read a value from an explicit session (None when unset)."""
-        session = await get_session(session_id)
-        return await session.get(key)
-
-    @server.tool
-    def ping() -> str:
-        """Answer without touching session state."""
-        return "pong"
-
-    return server
-
-
-@asynccontextmanager
-async def connected_client(
-    store: AsyncKeyValue,
-    *,
-    server_factory: ServerFactory | None = None,
-    mode: str = "legacy",
-) -> AsyncIterator[Client[FastMCPTransport]]:
-    """Yield a fastmcp Client connected in-process to a FastMCP server built on ``store``.
-
-    ``server_factory`` defaults to :func:`state_server`; ``mode`` is the client's
-    protocol mode ("legacy": handshake sessions, where ctx state persists; "auto").
-    """
-    server = (server_factory or state_server)(store)
-    async with Client(server, mode=mode) as client:
-        yield client
+__all__ = ["SessionStateConformance"]
 
 
 async def _call(client: Client[Any], tool: str, **arguments: Any) -> Any:
@@ -145,7 +51,7 @@ async def _session_id(client: Client[Any]) -> str:
     return str(info["session_id"])
 
 
-class SessionStateConformance:
+class SessionStateConformance(Conformance):
     """A store plugged into FastMCP keeps session state right; subclass it with a ``store`` fixture.
 
     ``store`` must yield a store on an empty, isolated namespace; ``peer_store`` (optional)
@@ -153,10 +59,6 @@ class SessionStateConformance:
     a restart and are shared between servers that open the store separately.
     """
 
-    pytestmark: ClassVar = [pytest.mark.anyio]
-
-    supports_ttl: ClassVar[bool] = True
-    """The store honours TTLs (switch off the ``test_ttl_`` group when False)."""
     expiry_seconds: ClassVar[float] = 0.5
     """The capped TTL the expiry check gives ctx state."""
     ttl_tolerance: ClassVar[float] = 60.0
@@ -164,26 +66,11 @@ class SessionStateConformance:
     concurrent_sessions: ClassVar[int] = 200
     """Sessions the concurrency check runs at once."""
 
-    @pytest.fixture
-    def anyio_backend(self) -> str:
-        """Run the suite on asyncio."""
-        return "asyncio"
-
-    @pytest.fixture
-    async def store(self) -> AsyncIterator[Any]:
-        """The store under test, on an empty namespace: override this fixture."""
-        raise NotImplementedError("define a `store` fixture in your SessionStateConformance subclass")
-        yield  # pragma: no cover
-
-    @pytest.fixture
-    async def peer_store(self) -> AsyncIterator[Any]:
-        """A second store object on the same namespace as ``store``: override to enable."""
-        pytest.skip("no peer_store fixture: restart and sharing across store objects not checked")
-        yield  # pragma: no cover
-
-    def _needs_ttl(self) -> None:
-        if not self.supports_ttl:
-            pytest.skip(f"{type(self).__name__}.supports_ttl is False")
+    store = abstract_fixture("The store under test, on an empty namespace: override this fixture.")
+    peer_store = optional_fixture(
+        "A second store object on the same namespace as ``store``: override to enable.",
+        "no peer_store fixture: restart and sharing across store objects not checked",
+    )
 
     # -- handshake sessions: ctx.set_state / ctx.get_state ----------------------------
 
@@ -228,7 +115,6 @@ class SessionStateConformance:
     # -- TTL ---------------------------------------------------------------------------
 
     async def test_ttl_ctx_state_written_with_fastmcp_ttl(self, store: Any) -> None:
-        self._needs_ttl()
         async with connected_client(store) as client:
             session_id = await _session_id(client)
             await _call(client, "set_value", key="user", value="Alice")
@@ -238,7 +124,6 @@ class SessionStateConformance:
         assert FASTMCP_STATE_TTL - self.ttl_tolerance <= remaining <= FASTMCP_STATE_TTL
 
     async def test_ttl_ctx_state_expires(self, store: Any) -> None:
-        self._needs_ttl()
         capped = TTLClampWrapper(store, min_ttl=self.expiry_seconds, max_ttl=self.expiry_seconds)
         async with connected_client(capped) as client:
             session_id = await _session_id(client)

@@ -10,9 +10,11 @@ namespace (the tests list, destroy and cull what they find there)::
                 yield store
 
 Optionally provide ``peer_store`` (a second store object on the same namespace) to run
-the cross-object visibility checks. Class attributes switch off groups a store does
-not claim; every switched-off test is reported as skipped with the reason. Test names
-start with their group (``test_ttl_...``), which ``kvstores check`` uses for its summary.
+the cross-object visibility checks. The checks of an optional capability (``keys()``,
+``cull()``, the atomic operations...) run when the store implements it, as
+:func:`kvstores.capabilities` detects; set the ``capabilities`` class attribute to claim
+less. Every check left out is reported as skipped with the reason. Test names start with
+their group (``test_ttl_...``), which ``kvstores check`` uses for its summary.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import asyncio
 import math
 import unicodedata
 from collections import OrderedDict
-from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from decimal import Decimal
 from types import MappingProxyType
@@ -29,7 +30,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from kvstores._codec import MAX_KEY_LENGTH, MAX_TTL_SECONDS, MAX_VALUE_BYTES
+from kvstores import MAX_KEY_LENGTH, MAX_TTL_SECONDS, MAX_VALUE_BYTES
+from kvstores.conformance._base import Conformance, abstract_fixture, optional_fixture, requires
 from kvstores.errors import (
     InvalidKeyError,
     InvalidTTLError,
@@ -139,21 +141,9 @@ def assert_same(actual: Any, expected: Any) -> None:
     assert typed(actual) == typed(expected)
 
 
-class AsyncKeyValueConformance:
+class AsyncKeyValueConformance(Conformance):
     """The kvstores key-value contract (README, "Semantics"); subclass it with a ``store`` fixture."""
 
-    pytestmark: ClassVar = [pytest.mark.anyio]
-
-    supports_ttl: ClassVar[bool] = True
-    """The store honours TTLs."""
-    supports_enumeration: ClassVar[bool] = True
-    """The store offers keys() and collections()."""
-    supports_destroy: ClassVar[bool] = True
-    """The store offers destroy_collection() and destroy()."""
-    supports_cull: ClassVar[bool] = True
-    """The store offers cull()."""
-    supports_lifecycle: ClassVar[bool] = True
-    """The store offers aclose() and async with, and raises StoreClosedError after closing."""
     max_value_bytes: ClassVar[int | None] = MAX_VALUE_BYTES
     """The store's value size limit (None: do not test it)."""
     ttl_tolerance: ClassVar[float] = 0.25
@@ -161,26 +151,11 @@ class AsyncKeyValueConformance:
     large_batch: ClassVar[int] = 10_000
     """Keys in one bulk call for the large-batch checks."""
 
-    @pytest.fixture
-    def anyio_backend(self) -> str:
-        """Run the suite on asyncio."""
-        return "asyncio"
-
-    @pytest.fixture
-    async def store(self) -> AsyncIterator[Any]:
-        """The store under test, on an empty namespace: override this fixture."""
-        raise NotImplementedError("define a `store` fixture in your AsyncKeyValueConformance subclass")
-        yield  # pragma: no cover
-
-    @pytest.fixture
-    async def peer_store(self) -> AsyncIterator[Any]:
-        """A second store object on the same namespace as ``store``: override to enable."""
-        pytest.skip("no peer_store fixture: cross-object visibility not checked")
-        yield  # pragma: no cover
-
-    def _needs(self, flag: str) -> None:
-        if not getattr(self, flag):
-            pytest.skip(f"{type(self).__name__}.{flag} is False")
+    store = abstract_fixture("The store under test, on an empty namespace: override this fixture.")
+    peer_store = optional_fixture(
+        "A second store object on the same namespace as ``store``: override to enable.",
+        "no peer_store fixture: cross-object visibility not checked",
+    )
 
     # -- basics ----------------------------------------------------------------------
 
@@ -344,12 +319,10 @@ class AsyncKeyValueConformance:
         assert await store.get("new") is None
 
     async def test_ttl_none_never_expires(self, store: Any) -> None:
-        self._needs("supports_ttl")
         await store.put("k", {"v": 1}, ttl=None)
         assert await store.ttl("k") == ({"v": 1}, None)
 
     async def test_ttl_remaining_seconds(self, store: Any) -> None:
-        self._needs("supports_ttl")
         await store.put("long", {"v": 1}, ttl=100)
         await store.put("short", {"v": 2}, ttl=0.5)
         await store.put("max", {"v": 3}, ttl=MAX_TTL_SECONDS)
@@ -365,7 +338,6 @@ class AsyncKeyValueConformance:
         assert remaining > MAX_TTL_SECONDS - 60
 
     async def test_ttl_numeric_types(self, store: Any) -> None:
-        self._needs("supports_ttl")
         for ttl in [30, 30.0, Decimal("30"), 2**5]:
             await store.put("k", {"v": 1}, ttl=ttl)
             _, remaining = await store.ttl("k")
@@ -373,7 +345,6 @@ class AsyncKeyValueConformance:
             assert 20 < remaining <= 32
 
     async def test_ttl_expiry_hides_everywhere(self, store: Any) -> None:
-        self._needs("supports_ttl")
         await store.put("gone", {"v": 1}, ttl=0.3)
         await store.put_many(["b1", "b2"], [{"v": 1}, {"v": 2}], ttl=0.3, collection="bulk")
         await store.put("stays", {"v": 2})
@@ -383,14 +354,14 @@ class AsyncKeyValueConformance:
         assert await store.get_many(["gone", "stays"]) == [None, {"v": 2}]
         assert await store.ttl_many(["gone"]) == [(None, None)]
         assert await store.get_many(["b1", "b2"], collection="bulk") == [None, None]
-        assert await store.delete("gone") is False
+        assert await store.delete("gone") is False, "delete() of an expired entry returns False: it is gone"
         assert await store.delete_many(["b1", "b2"], collection="bulk") == 0
-        if self.supports_enumeration:
+        if self.has(store, "keys"):
             assert await store.keys() == ["stays"]
+        if self.has(store, "collections"):
             assert "bulk" not in await store.collections()
 
     async def test_ttl_cleared_by_put_without_ttl(self, store: Any) -> None:
-        self._needs("supports_ttl")
         await store.put("k", {"v": 1}, ttl=0.3)
         await store.put("k", {"v": 2})
         await store.put_many(["m"], [{"v": 3}], ttl=0.3)
@@ -400,7 +371,6 @@ class AsyncKeyValueConformance:
         assert await store.ttl("m") == ({"v": 4}, None)
 
     async def test_ttl_replaced_by_new_ttl(self, store: Any) -> None:
-        self._needs("supports_ttl")
         await store.put("k", {"v": 1}, ttl=0.3)
         await store.put("k", {"v": 2}, ttl=60)
         await asyncio.sleep(0.5)
@@ -410,7 +380,6 @@ class AsyncKeyValueConformance:
         assert remaining > 50
 
     async def test_ttl_many(self, store: Any) -> None:
-        self._needs("supports_ttl")
         await store.put_many(["a", "b"], [{"v": 1}, {"v": 2}], ttl=50)
         await store.put("c", {"v": 3})
         rows = await store.ttl_many(["a", "missing", "c", "b"])
@@ -422,9 +391,8 @@ class AsyncKeyValueConformance:
             assert ttl is not None
             assert 50 - self.ttl_tolerance <= ttl <= 50
 
+    @requires("cull")
     async def test_ttl_cull(self, store: Any) -> None:
-        self._needs("supports_ttl")
-        self._needs("supports_cull")
         await store.put("gone", {"v": 1}, ttl=0.2)
         await store.put("stays", {"v": 2})
         await asyncio.sleep(0.4)
@@ -476,13 +444,13 @@ class AsyncKeyValueConformance:
 
     async def test_bulk_large_batch(self, store: Any) -> None:
         keys = [f"key-{i}" for i in range(self.large_batch)]
-        await store.put_many(keys, [{"i": i} for i in range(self.large_batch)], ttl=600 if self.supports_ttl else None)
+        await store.put_many(keys, [{"i": i} for i in range(self.large_batch)], ttl=600)
         values = await store.get_many(keys)
         assert values == [{"i": i} for i in range(self.large_batch)]
         rows = await store.ttl_many(keys)
         assert len(rows) == self.large_batch
         assert rows[-1][0] == {"i": self.large_batch - 1}
-        if self.supports_enumeration:
+        if self.has(store, "keys"):
             assert len(await store.keys()) == self.large_batch
         assert await store.delete_many(keys) == self.large_batch
         assert await store.get_many(keys[:3]) == [None, None, None]
@@ -518,8 +486,8 @@ class AsyncKeyValueConformance:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
+    @requires("lifecycle")
     async def test_lifecycle_async_with_and_double_close(self, store: Any) -> None:
-        self._needs("supports_lifecycle")
         async with store as entered:
             assert entered is store
             await store.put("k", {"v": 1})
@@ -530,22 +498,22 @@ class AsyncKeyValueConformance:
 
     # -- capabilities --------------------------------------------------------------------------
 
+    @requires("keys")
     async def test_capabilities_keys_and_limit(self, store: Any) -> None:
-        self._needs("supports_enumeration")
         keys = [f"k{i}" for i in range(7)]
         await store.put_many(keys, [{"i": i} for i in range(7)])
         await store.put("elsewhere", {"v": 1}, collection="other")
         assert sorted(await store.keys()) == keys
         assert await store.keys(collection="other") == ["elsewhere"]
-        assert await store.keys(collection="empty") == []
+        assert await store.keys(collection="empty") == [], "keys() of an unknown collection is empty"
         limited = await store.keys(limit=3)
         assert len(limited) == 3
         assert set(limited) <= set(keys)
-        assert await store.keys(limit=0) == []
+        assert await store.keys(limit=0) == [], "keys(limit=0) returns no keys"
         assert sorted(await store.keys(limit=100)) == keys
 
+    @requires("keys")
     async def test_capabilities_keys_of_tricky_collections(self, store: Any) -> None:
-        self._needs("supports_enumeration")
         for collection, key in COLLIDING_PAIRS:
             await store.put(key, {"v": 1}, collection=collection)
         for collection in {collection for collection, _ in COLLIDING_PAIRS}:
@@ -556,8 +524,8 @@ class AsyncKeyValueConformance:
         assert await store.keys(collection="*") == ["k"]
         assert await store.keys(collection="?") == []
 
+    @requires("collections")
     async def test_capabilities_collections(self, store: Any) -> None:
-        self._needs("supports_enumeration")
         await store.put("k", {"v": 1}, collection="one")
         await store.put("k", {"v": 1}, collection="two")
         await store.put("k", {"v": 1}, collection="a::b")
@@ -565,10 +533,10 @@ class AsyncKeyValueConformance:
         assert {"one", "two", "a::b"} <= set(names)
         assert len(names) == len(set(names))
         assert len(await store.collections(limit=2)) == 2
-        assert await store.collections(limit=0) == []
+        assert await store.collections(limit=0) == [], "collections(limit=0) returns no names"
 
+    @requires("destroy_collection")
     async def test_capabilities_destroy_collection(self, store: Any) -> None:
-        self._needs("supports_destroy")
         await store.put_many(["a", "b"], [{"v": 1}, {"v": 2}], collection="doomed")
         await store.put("a", {"v": 3}, collection="doomed2")
         await store.put("b", {"v": 4}, collection="doomed:")
@@ -580,8 +548,8 @@ class AsyncKeyValueConformance:
         with pytest.raises(InvalidKeyError):
             await store.destroy_collection("")
 
+    @requires("destroy")
     async def test_capabilities_destroy(self, store: Any) -> None:
-        self._needs("supports_destroy")
         await store.put("a", {"v": 1})
         await store.put("b", {"v": 2}, collection="other")
         assert await store.destroy() is True
@@ -589,3 +557,190 @@ class AsyncKeyValueConformance:
         assert await store.get("b", collection="other") is None
         await store.put("c", {"v": 3})
         assert await store.get("c") == {"v": 3}
+
+    # -- atomic (put_if_absent, pop, update) ----------------------------------------------------
+
+    @requires("atomic")
+    async def test_atomic_put_if_absent(self, store: Any) -> None:
+        assert await store.put_if_absent("k", {"v": 1}) is True
+        assert await store.put_if_absent("k", {"v": 2}) is False
+        assert await store.ttl("k") == ({"v": 1}, None)
+        assert await store.put_if_absent("k", {"v": 3}, collection="other") is True
+        assert_same(await store.get("k", collection="other"), {"v": 3})
+        assert await store.delete("k") is True
+        assert await store.put_if_absent("k", {"v": 4}) is True
+        assert_same(await store.get("k"), {"v": 4})
+
+    @requires("atomic")
+    async def test_atomic_put_if_absent_ttl(self, store: Any) -> None:
+        assert await store.put_if_absent("long", {"v": 1}, ttl=60) is True
+        value, remaining = await store.ttl("long")
+        assert value == {"v": 1}
+        assert remaining is not None
+        assert 60 - self.ttl_tolerance <= remaining <= 60
+        assert await store.put_if_absent("short", {"v": "old"}, ttl=0.3) is True
+        assert await store.put_if_absent("short", {"v": "live entry wins"}) is False
+        await asyncio.sleep(0.6)
+        assert await store.get("short") is None
+        assert await store.put_if_absent("short", {"v": "new"}) is True, "an expired entry counts as absent"
+        assert await store.ttl("short") == ({"v": "new"}, None), "the expired entry's TTL must not carry over"
+
+    @requires("atomic")
+    async def test_atomic_put_if_absent_rejects_what_put_rejects(self, store: Any) -> None:
+        await self._check_rejected(store, lambda key, value, **options: store.put_if_absent(key, value, **options))
+
+    @requires("atomic")
+    async def test_atomic_pop(self, store: Any) -> None:
+        await store.put("k", {"v": [1, True]}, ttl=60)
+        await store.put("k", {"v": "elsewhere"}, collection="other")
+        assert_same(await store.pop("k"), {"v": [1, True]})
+        assert await store.pop("k") is None
+        assert await store.get("k") is None
+        assert await store.pop("missing") is None
+        assert_same(await store.get("k", collection="other"), {"v": "elsewhere"})
+        assert_same(await store.pop("k", collection="other"), {"v": "elsewhere"})
+        with pytest.raises(InvalidKeyError):
+            await store.pop("x" * (MAX_KEY_LENGTH + 1))
+        with pytest.raises(InvalidKeyError):
+            await store.pop("k", collection="")
+
+    @requires("atomic")
+    async def test_atomic_pop_expired_is_none(self, store: Any) -> None:
+        await store.put("gone", {"v": 1}, ttl=0.3)
+        await asyncio.sleep(0.6)
+        assert await store.pop("gone") is None
+        assert await store.get("gone") is None
+
+    @requires("atomic")
+    async def test_atomic_update_missing_and_existing(self, store: Any) -> None:
+        seen: list[Any] = []
+
+        def increment(old: dict[str, Any] | None) -> dict[str, Any]:
+            seen.append(old)
+            return {"n": 1, "keep": [True]} if old is None else {**old, "n": old["n"] + 1}
+
+        assert_same(await store.update("k", increment), {"n": 1, "keep": [True]})
+        assert seen == [None], "fn of a missing key gets None"
+        assert_same(await store.update("k", increment), {"n": 2, "keep": [True]})
+        assert_same(await store.get("k"), {"n": 2, "keep": [True]})
+        assert await store.get("k", collection="other") is None
+        assert_same(await store.update("k", increment, collection="other"), {"n": 1, "keep": [True]})
+
+    @requires("atomic")
+    async def test_atomic_update_returns_what_was_stored(self, store: Any) -> None:
+        result = await store.update("k", lambda old: MappingProxyType({"t": (1, (2, 3))}))
+        assert_same(result, {"t": [1, [2, 3]]})
+        result["t"].append(4)
+        assert_same(await store.get("k"), {"t": [1, [2, 3]]})
+
+    @requires("atomic")
+    async def test_atomic_update_none_deletes(self, store: Any) -> None:
+        await store.put("k", {"v": 1})
+        assert await store.update("k", lambda old: None) is None
+        assert await store.get("k") is None
+        assert await store.update("missing", lambda old: None) is None
+        assert await store.get("missing") is None
+
+    @requires("atomic")
+    async def test_atomic_update_ttl_as_put(self, store: Any) -> None:
+        await store.put("k", {"n": 1}, ttl=0.3)
+        await store.update("k", lambda old: {"n": 2}, ttl=60)
+        value, remaining = await store.ttl("k")
+        assert value == {"n": 2}
+        assert remaining is not None
+        assert 60 - self.ttl_tolerance <= remaining <= 60
+        await store.update("k", lambda old: {"n": 3})
+        assert await store.ttl("k") == ({"n": 3}, None), "update without a TTL clears the TTL, as put does"
+        await store.update("short", lambda old: {"n": 1}, ttl=0.3)
+        await asyncio.sleep(0.6)
+        assert await store.get("short") is None
+        seen: list[Any] = []
+
+        def replace(old: dict[str, Any] | None) -> dict[str, Any]:
+            seen.append(old)
+            return {"n": 2}
+
+        await store.update("short", replace)
+        assert seen == [None], "fn of an expired key gets None"
+        assert await store.ttl("short") == ({"n": 2}, None)
+
+    @requires("atomic")
+    async def test_atomic_update_fn_raises_nothing_written(self, store: Any) -> None:
+        class Refused(Exception):
+            pass
+
+        def refuse(old: dict[str, Any] | None) -> dict[str, Any]:
+            raise Refused("no")
+
+        await store.put("k", {"v": "kept"}, ttl=60)
+        with pytest.raises(Refused):
+            await store.update("k", refuse)
+        with pytest.raises(Refused):
+            await store.update("new", refuse)
+        value, remaining = await store.ttl("k")
+        assert value == {"v": "kept"}
+        assert remaining is not None
+        assert await store.get("new") is None
+
+    @requires("atomic")
+    async def test_atomic_update_rejects_what_put_rejects(self, store: Any) -> None:
+        await self._check_rejected(
+            store, lambda key, value, **options: store.update(key, lambda old: value, **options), none_deletes=True
+        )
+
+    @requires("atomic")
+    async def test_atomic_update_concurrent_increments(self, store: Any) -> None:
+        def increment(old: dict[str, Any] | None) -> dict[str, Any]:
+            return {"n": (old or {"n": 0})["n"] + 1}
+
+        async def worker() -> None:
+            for _ in range(20):
+                await store.update("counter", increment)
+
+        await asyncio.gather(*(worker() for _ in range(25)))
+        assert await store.get("counter") == {"n": 500}, "25 tasks x 20 increments: no update may be lost"
+
+    @requires("atomic")
+    async def test_atomic_put_if_absent_one_winner(self, store: Any) -> None:
+        results = await asyncio.gather(*(store.put_if_absent("lock", {"owner": i}) for i in range(30)))
+        assert results.count(True) == 1, f"{results.count(True)} of 30 concurrent put_if_absent calls got True"
+        assert await store.get("lock") == {"owner": results.index(True)}
+
+    @requires("atomic")
+    async def test_atomic_put_if_absent_one_winner_across_store_objects(self, store: Any, peer_store: Any) -> None:
+        calls = [(store if i % 2 else peer_store).put_if_absent("lock", {"owner": i}) for i in range(30)]
+        results = await asyncio.gather(*calls)
+        assert results.count(True) == 1, f"{results.count(True)} of 30 concurrent put_if_absent calls got True"
+        assert await peer_store.get("lock") == {"owner": results.index(True)}
+
+    @requires("atomic")
+    async def test_atomic_pop_each_value_once(self, store: Any) -> None:
+        keys = [f"k{i}" for i in range(50)]
+        await store.put_many(keys, [{"i": i} for i in range(50)])
+        popped = await asyncio.gather(*(store.pop(keys[n % 50]) for n in range(150)))
+        values = sorted(value["i"] for value in popped if value is not None)
+        assert values == list(range(50)), "150 concurrent pops of 50 keys must return each value exactly once"
+        assert await store.get_many(keys) == [None] * 50
+
+    async def _check_rejected(self, store: Any, write: Any, *, none_deletes: bool = False) -> None:
+        """``write(key, value, **options)`` raises what put raises on bad input and changes nothing."""
+        await store.put("k", {"v": "kept"})
+        for bad_value in [value for value in BAD_VALUES if not (none_deletes and value is None)]:
+            for key in ("k", "new"):
+                with pytest.raises(SerializationError):
+                    await write(key, bad_value)
+        for bad_ttl in BAD_TTLS:
+            for key in ("k", "new"):
+                with pytest.raises(InvalidTTLError):
+                    await write(key, {"v": "changed"}, ttl=bad_ttl)
+        for bad_key in [1, None, "x" * (MAX_KEY_LENGTH + 1), "lone \ud800 surrogate"]:
+            with pytest.raises(InvalidKeyError):
+                await write(bad_key, {"v": "changed"})
+        with pytest.raises(InvalidKeyError):
+            await write("k", {"v": "changed"}, collection="")
+        if self.max_value_bytes is not None:
+            for key in ("k", "new"):
+                with pytest.raises(ValueTooLargeError):
+                    await write(key, {"v": "x" * self.max_value_bytes})
+        assert await store.ttl("k") == ({"v": "kept"}, None)
+        assert await store.get("new") is None
