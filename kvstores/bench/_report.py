@@ -18,6 +18,7 @@ from kvstores.bench._scenarios import size_label
 __all__ = ["SECTIONS", "markdown_sections", "misses", "plot", "print_tables", "update_markdown"]
 
 _COLUMNS = ("operation", "value", "tasks", "ops/s", "p50 µs", "p99 µs", "cpu µs")
+_TEXT = frozenset({"worst row", "met"})
 
 
 def _operation(row: dict[str, Any]) -> str:
@@ -107,8 +108,9 @@ def print_tables(rows: list[dict[str, Any]], targets: list[dict[str, Any]]) -> N
         console.print(f"[bold red]MISSED[/] {escape(line)}")
 
 
-def _table(header: list[str], lines: list[list[str]], right_from: int) -> str:
-    rule = ["---" if index < right_from else "---:" for index in range(len(header))]
+def _table(header: list[str], lines: list[list[str]], text_columns: int) -> str:
+    """A markdown table; columns whose header is in ``_TEXT`` or before ``text_columns`` align left."""
+    rule = ["---" if index < text_columns or name in _TEXT else "---:" for index, name in enumerate(header)]
     return "\n".join("| " + " | ".join(cells) + " |" for cells in (header, rule, *lines))
 
 
