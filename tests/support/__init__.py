@@ -7,12 +7,12 @@ The package::
                          (backend, namespace, store, peer_store), TableStores, skip_or_fail,
                          assert_connection_errors; tests/conftest.py registers it as a plugin
     local.py             memory and SQLite entries
-    redis.py             the machine's Redis, a 3-master Cluster, redis-server processes
+    redis.py             the machine's Redis, a 3-master Cluster; RedisServer: a redis-server of a test's own
     mongodb.py           MongoDB (KVSTORES_MONGODB_URL) or a SecantusDB server, by pymongo and by motor
     events.py            MCP servers, raw SSE and a failing store for the event-store tests
     examples.py          the persistent_state example scripts run as processes
     workers.py           child processes of the crash and multi-process tests
-    hypothesis_profiles  the "ci" (default) and "long" hypothesis profiles
+    hypothesis_profiles.py  the "ci" (default) and "long" hypothesis profiles
 
 This module imports neither pytest nor a driver: the child processes of workers.py import it
 and must start fast (the crash test kills them at start-up).
@@ -58,6 +58,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "redis-cluster": ("redis", "tests.support.redis:RedisClusterBackend"),
     "mongodb": ("mongodb", "tests.support.mongodb:MongoDBBackend"),
     "mongodb-motor": ("mongodb", "tests.support.mongodb:MotorBackend"),
+    "postgresql": ("postgresql", "tests.support.postgresql:PostgreSQLBackend"),
 }
 """Row id -> (pytest marker, "module:Class" of its entry). The marker also names the service
 in KVSTORES_REQUIRE; classes are imported on first use, so a missing driver skips its rows."""

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from tests.support import stop_process
+from tests.support import free_port, stop_process
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "persistent_state"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "persistent_state"
 """The folder of the persistent_state example."""
 
 
@@ -34,18 +34,11 @@ def sections(output: str) -> dict[str, list[str]]:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 class ExampleServer:
     """examples/persistent_state/server.py running in a child process on a free port."""
 
     def __init__(self, store_url: str | None, cwd: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.log = cwd / f"server-{self.port}.log"
         store = ["--store", store_url] if store_url else []

@@ -1,10 +1,10 @@
 """Hypothesis profiles of the reliability suite: "ci" (the default, bounded) and "long" (opt-in).
 
-The test modules that use hypothesis import this module, which registers both profiles and
-loads "ci" unless another profile was chosen. Hypothesis reads ``--hypothesis-profile`` before
-test modules are imported, so select the long profile by loading this module as a plugin::
+tests/support/fixtures.py (the plugin tests/conftest.py registers) imports this module, which
+registers both profiles and loads "ci" unless another profile was chosen. It is imported before
+hypothesis reads ``--hypothesis-profile``, so select the long profile with::
 
-    python -m pytest -p tests.hypothesis_profiles --hypothesis-profile=long tests/test_model.py
+    python -m pytest --hypothesis-profile=long tests/test_model.py
 """
 
 from __future__ import annotations
