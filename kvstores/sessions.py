@@ -1,0 +1,646 @@
+"""Durable MCP sessions: a restarted process or another replica continues a handshake session.
+
+The MCP SDK's ``StreamableHTTPSessionManager`` keeps its live sessions in a dict in process
+memory. After a restart, or on a replica that did not create the session, the client's
+``Mcp-Session-Id`` gets a 404, the client starts over, and everything FastMCP stored under the
+old session id (``ctx.set_state``) is orphaned. :func:`http_app` serves a FastMCP server with
+a session manager that records every session in a registry on a kvstores store, and adopts a
+session id it does not know when the registry says the session is live::
+
+    store = open_store("redis://localhost:6379/0")
+    mcp = FastMCP("demo", session_state_store=store)
+    app = kvstores.sessions.http_app(mcp, store=store, event_store=StoreEventStore(store))
+
+What survives a restart, or a request landing on another replica:
+
+- the session's identity: the same ``Mcp-Session-Id`` keeps working, bound to the principal
+  that created it (a request with other credentials gets the SDK's own 404), with the
+  protocol version, client info and capabilities of its ``initialize``;
+- its state in the store: ``ctx.get_state`` reads what ``ctx.set_state`` wrote, since FastMCP
+  keys state by session id and the store is shared;
+- its event history, when ``event_store`` is a store every process shares (e.g.
+  :class:`kvstores.events.StoreEventStore`): a client resumes a stream with ``Last-Event-ID``
+  on any process. The store is scoped per session id (FastMCP's ``SessionScopedEventStore``),
+  so one session's events never replay to another.
+
+What does not: a tool call that was running when its process died (its result is never sent;
+the client sees its stream end, as after any crash), server-to-client requests waiting for an
+answer, and anything a tool kept in process memory. Nothing here applies to stateless
+requests of protocol 2026-07-28 (they have no session; FastMCP's session API covers them), nor
+to ``stateless_http=True`` apps, which :func:`http_app` refuses.
+
+The registry (:class:`SessionRegistry`) holds one small record per session in the collection
+:data:`REGISTRY_COLLECTION`, keyed by session id: its id, created and last-seen times, a
+terminated flag, the negotiated protocol version, the client's ``initialize`` params and the
+authorization context (client id, issuer, subject) of its creator. Records carry a version
+number; a record that cannot be decoded, or was written by another kvstores version, raises
+:class:`SessionRecordError`, and a request for that session is answered with a 500 naming the
+problem instead of crashing the process.
+
+Costs and timing:
+
+- A request on a session this process already serves reads and writes nothing, except once
+  per ``refresh_interval`` (``idle_ttl / 4``, at most :data:`MAX_REFRESH_INTERVAL` seconds):
+  one atomic update that pushes the record's expiry back and learns whether the session was
+  terminated elsewhere. Opening a session costs one ``put_if_absent``; adopting one a read
+  and an update; DELETE an update; an unknown session id one read.
+- A record expires ``idle_ttl + refresh_interval`` seconds after its last refresh, so the
+  registry holds only sessions used within about ``idle_ttl`` (default one day, like FastMCP's
+  session state), and a session stays adoptable for at least ``idle_ttl`` after its last request.
+- A DELETE is recorded before its response is sent: from then on every process that does not
+  hold the session refuses it at once; a process that does hold it in memory finds out at its
+  next refresh, so within ``refresh_interval`` (the price of reading nothing per request).
+- Only an explicit DELETE terminates a session for good. The SDK's in-process idle timeout
+  and a shutdown only drop the process's copy; the next request adopts the session again.
+- Registration and refresh need :class:`kvstores.AtomicStore` (every built-in backend): a new
+  record never overwrites an existing one, and a refresh never revives a terminated session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import anyio
+
+from kvstores._optional import missing_extra
+from kvstores.errors import DeserializationError
+from kvstores.protocol import AtomicStore
+
+try:
+    import fastmcp
+    from fastmcp.server.http import StarletteWithLifespan, StreamableHTTPASGIApp
+    from fastmcp.server.session_scoped_event_store import SessionScopedEventStore
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext, authorization_context
+    from mcp.server.connection import Connection
+    from mcp.server.runner import serve_connection
+    from mcp.server.streamable_http import (
+        MCP_SESSION_ID_HEADER,
+        SESSION_ID_PATTERN,
+        EventStore,
+        StreamableHTTPServerTransport,
+    )
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+    from mcp.server.transport_security import TransportSecuritySettings
+    from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+    from mcp.shared.transport_context import TransportContext
+    from mcp_types import INTERNAL_ERROR, ErrorData, InitializeRequestParams, JSONRPCError
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+    from pydantic import ValidationError
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise missing_extra(getattr(exc, "name", None) or "fastmcp", "fastmcp") from exc
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskStatus
+    from fastmcp import FastMCP
+    from starlette.types import Message, Receive, Scope, Send
+
+    from kvstores.protocol import AsyncKeyValue
+
+__all__ = [
+    "DEFAULT_IDLE_TTL",
+    "DurableSessionManager",
+    "MAX_REFRESH_INTERVAL",
+    "RECORD_VERSION",
+    "REGISTRY_COLLECTION",
+    "SessionRecord",
+    "SessionRecordError",
+    "SessionRegistry",
+    "http_app",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_IDLE_TTL = 86_400.0
+"""Seconds a session stays adoptable after its last request (one day, like FastMCP's state)."""
+
+REGISTRY_COLLECTION = "kvstores-sessions"
+"""The collection that holds the session records."""
+
+RECORD_VERSION = 1
+"""The layout version of the records this kvstores writes and reads."""
+
+MAX_REFRESH_INTERVAL = 30.0
+"""Upper bound of the seconds between two registry refreshes of a session in use."""
+
+_MAX_SESSION_ID_LENGTH = 256
+"""Longer ids are never looked up (the SDK's own are 32 characters)."""
+
+_MAX_HANDSHAKE_BYTES = 64 * 1024
+"""An opening request body larger than this is not kept; its session is recorded without handshake."""
+
+_BOOKKEEPING_TIMEOUT = 10.0
+"""Seconds shielded registry bookkeeping may take after a request before it is given up."""
+
+
+class SessionRecordError(DeserializationError):
+    """A session record that cannot be read: corrupt, or written by another kvstores version."""
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """What the registry knows of one session."""
+
+    session_id: str
+    created: float
+    """Wall-clock time the session was opened (seconds since the epoch)."""
+    seen: float
+    """Wall-clock time of its last refresh."""
+    terminated: bool
+    """True once a client ended it with DELETE: the id is refused everywhere."""
+    protocol_version: str | None
+    """The protocol version negotiated by its ``initialize``."""
+    handshake: dict[str, Any] | None
+    """The client's ``initialize`` params (protocol version, capabilities, client info)."""
+    owner: dict[str, Any] | None
+    """The creator's authorization context (client_id, issuer, subject); None without auth."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form of the record."""
+        return {
+            "v": RECORD_VERSION,
+            "session_id": self.session_id,
+            "created": self.created,
+            "seen": self.seen,
+            "terminated": self.terminated,
+            "protocol_version": self.protocol_version,
+            "handshake": self.handshake,
+            "owner": self.owner,
+        }
+
+    @classmethod
+    def from_json(cls, session_id: str, stored: Mapping[str, Any]) -> SessionRecord:
+        """Read a stored record; raise SessionRecordError when it is not a record this version wrote."""
+        version = stored.get("v")
+        if version != RECORD_VERSION:
+            raise SessionRecordError(
+                f"session record {session_id!r} has layout version {version!r}; this kvstores reads "
+                f"version {RECORD_VERSION} (was it written by another kvstores version?)"
+            )
+        try:
+            record = cls(
+                session_id=_typed(stored, "session_id", str),
+                created=float(_typed(stored, "created", (int, float))),
+                seen=float(_typed(stored, "seen", (int, float))),
+                terminated=_typed(stored, "terminated", bool),
+                protocol_version=_typed(stored, "protocol_version", (str, type(None))),
+                handshake=_typed(stored, "handshake", (dict, type(None))),
+                owner=_typed(stored, "owner", (dict, type(None))),
+            )
+        except (KeyError, TypeError) as exc:
+            raise SessionRecordError(f"session record {session_id!r} is corrupt: {exc}") from exc
+        if record.session_id != session_id:
+            raise SessionRecordError(f"session record {session_id!r} is corrupt: it names {record.session_id!r}")
+        return record
+
+
+def _typed(stored: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = stored[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise TypeError(f"field {name!r} is {type(value).__name__}")
+    return value
+
+
+class SessionRegistry:
+    """Session records on a kvstores store, one per session id, expiring ``idle_ttl`` after their last refresh."""
+
+    def __init__(
+        self,
+        store: AsyncKeyValue,
+        *,
+        idle_ttl: float = DEFAULT_IDLE_TTL,
+        collection: str = REGISTRY_COLLECTION,
+    ) -> None:
+        if not isinstance(store, AtomicStore):
+            raise TypeError(
+                f"durable sessions need a store with atomic operations (kvstores.AtomicStore); "
+                f"{type(store).__name__} has none"
+            )
+        if isinstance(idle_ttl, bool) or not isinstance(idle_ttl, (int, float)) or not math.isfinite(idle_ttl):
+            raise ValueError(f"idle_ttl must be a finite number of seconds, not {idle_ttl!r}")
+        if idle_ttl <= 0:
+            raise ValueError(f"idle_ttl must be positive, not {idle_ttl!r}")
+        self.store = store
+        self.collection = collection
+        self.idle_ttl = float(idle_ttl)
+        self.refresh_interval = min(self.idle_ttl / 4, MAX_REFRESH_INTERVAL)
+        """Seconds between two refreshes of a session in use."""
+        self.record_ttl = self.idle_ttl + self.refresh_interval
+        """The TTL each write gives a record."""
+
+    @property
+    def _atomic(self) -> AtomicStore:
+        return cast(AtomicStore, self.store)
+
+    async def register(
+        self, session_id: str, *, owner: Mapping[str, Any] | None, handshake: Mapping[str, Any] | None
+    ) -> bool:
+        """Record a new session; False (and nothing written) when its id is already recorded."""
+        now = time.time()
+        record = SessionRecord(
+            session_id=session_id,
+            created=now,
+            seen=now,
+            terminated=False,
+            protocol_version=_negotiated_version(handshake),
+            handshake=None if handshake is None else dict(handshake),
+            owner=None if owner is None else dict(owner),
+        )
+        return await self._atomic.put_if_absent(
+            session_id, record.to_json(), collection=self.collection, ttl=self.record_ttl
+        )
+
+    async def get(self, session_id: str) -> SessionRecord | None:
+        """The record of ``session_id``, None when there is none (never registered, or expired)."""
+        stored = await self.store.get(session_id, collection=self.collection)
+        return None if stored is None else SessionRecord.from_json(session_id, stored)
+
+    async def touch(self, session_id: str) -> SessionRecord | None:
+        """Push back the expiry of a live record; return the record as it now is (None when absent).
+
+        A terminated record is returned as it is, never revived.
+        """
+        now = time.time()
+
+        def refreshed(old: dict[str, Any] | None) -> dict[str, Any] | None:
+            if old is None:
+                return None
+            record = SessionRecord.from_json(session_id, old)
+            return old if record.terminated else {**old, "seen": now}
+
+        stored = await self._atomic.update(session_id, refreshed, collection=self.collection, ttl=self.record_ttl)
+        return None if stored is None else SessionRecord.from_json(session_id, stored)
+
+    async def terminate(self, session_id: str) -> None:
+        """Mark ``session_id`` terminated (a tombstone that lives ``record_ttl``), whatever was recorded."""
+        now = time.time()
+
+        def tombstone(old: dict[str, Any] | None) -> dict[str, Any]:
+            try:
+                record = None if old is None else SessionRecord.from_json(session_id, old)
+            except SessionRecordError:
+                record = None  # an unreadable record is replaced: the client's DELETE wins
+            if record is None:
+                record = SessionRecord(session_id, now, now, True, None, None, None)
+            return {**record.to_json(), "terminated": True, "seen": now}
+
+        try:
+            await self._atomic.update(session_id, tombstone, collection=self.collection, ttl=self.record_ttl)
+        except DeserializationError:
+            # The stored bytes do not even decode: overwrite them with a fresh tombstone.
+            await self.store.put(session_id, tombstone(None), collection=self.collection, ttl=self.record_ttl)
+
+
+def _negotiated_version(handshake: Mapping[str, Any] | None) -> str | None:
+    """The protocol version the SDK negotiates for these ``initialize`` params."""
+    if handshake is None:
+        return None
+    requested = handshake.get("protocolVersion")
+    return requested if requested in HANDSHAKE_PROTOCOL_VERSIONS else LATEST_HANDSHAKE_VERSION
+
+
+class DurableSessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager, plus a :class:`SessionRegistry` and a per-session event store.
+
+    Takes the SDK manager's arguments and ``registry``. It registers each session it opens,
+    adopts a registered, unterminated session id it does not hold (when the credentials match
+    its creator's), records a DELETE as termination, and gives each session's transport a view
+    of ``event_store`` scoped to the session id, so that any process can replay a session's
+    events to that session only. Works with a plain SDK ``Server`` as well as under
+    :func:`http_app`.
+    """
+
+    def __init__(self, app: Any, *, registry: SessionRegistry, event_store: EventStore | None = None, **kwargs: Any):
+        if kwargs.get("stateless"):
+            raise ValueError("durable sessions need a stateful session manager: stateless mode has no sessions")
+        # The SDK gets no store: every transport receives its own scoped view instead.
+        super().__init__(app, event_store=None, **kwargs)
+        self.registry = registry
+        self.shared_event_store = event_store
+        self._checked: dict[str, float] = {}  # session id -> monotonic time of its last registry check
+        self._closing = False
+
+    # -- request paths -----------------------------------------------------------------
+
+    async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        session_id = Request(scope).headers.get(MCP_SESSION_ID_HEADER)
+        if session_id is None:
+            await self._open_session(scope, receive, send)
+            return
+        requestor = _requestor(scope)
+        transport = self._server_instances.get(session_id)
+        if transport is None:
+            refusal = await self._adopt(session_id, requestor)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        elif requestor == self._session_owners.get(session_id):
+            await self._revalidate(session_id, transport)
+        if scope["method"] == "DELETE":
+            send = self._recording_termination(session_id, send)
+        await super()._handle_stateful_request(scope, receive, send)
+
+    async def _open_session(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Let the SDK open a session; record it before the response hands the client its id."""
+        requestor = _requestor(scope)
+        body = bytearray()
+        opened: list[str] = []
+
+        async def receive_keeping_body() -> Message:
+            message = await receive()
+            if message["type"] == "http.request" and len(body) <= _MAX_HANDSHAKE_BYTES:
+                body.extend(message.get("body", b""))
+            return message
+
+        async def send_after_registering(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400 and not opened:
+                new_id = _response_session_id(message)
+                if new_id is not None and new_id in self._server_instances:
+                    opened.append(new_id)
+                    await self._register(new_id, requestor, _initialize_params(body))
+            await send(message)
+
+        try:
+            await super()._handle_stateful_request(scope, receive_keeping_body, send_after_registering)
+        finally:
+            # The SDK drops a session whose opening request failed or was cancelled after its
+            # response started; the client may hold its id, so no other process may adopt it.
+            abandoned = [sid for sid in opened if sid not in self._server_instances and not self._closing]
+            if abandoned:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_BOOKKEEPING_TIMEOUT):
+                    for sid in abandoned:
+                        await self._record_termination(sid)
+
+    async def _adopt(self, session_id: str, requestor: dict[str, Any] | None) -> Response | None:
+        """Serve a registered session here; return the response that refuses it instead, if any.
+
+        Returning None without adopting leaves the SDK to answer its 404.
+        """
+        if len(session_id) > _MAX_SESSION_ID_LENGTH or not SESSION_ID_PATTERN.fullmatch(session_id):
+            return None
+        try:
+            record = await self.registry.get(session_id)
+        except SessionRecordError as exc:
+            logger.error("Cannot resume session %s: %s", session_id[:64], exc)
+            return _error_response(f"Cannot resume session: {exc}", 500)
+        except Exception:
+            logger.exception("Session registry lookup failed for %s; answering as for an unknown session", session_id)
+            return None
+        if record is None or record.terminated:
+            return None
+        if record.owner != requestor:
+            logger.warning("Refusing session %s: credential does not match its creator's", session_id[:64])
+            return None
+        async with self._session_creation_lock:
+            if session_id in self._server_instances:
+                return None  # adopted by a concurrent request meanwhile
+            if self.max_sessions is not None and len(self._server_instances) >= self.max_sessions:
+                logger.warning("Refusing to adopt session %s: %d sessions are open", session_id[:64], self.max_sessions)
+                return _error_response("Too many open sessions", 503)
+            await self._start_adopted(record)
+        await self._refresh(session_id)
+        return None
+
+    async def _start_adopted(self, record: SessionRecord) -> None:
+        """Build the transport of an adopted session and start its server task (lock held: no waiting on I/O)."""
+        session_id = record.session_id
+        transport = StreamableHTTPServerTransport(
+            mcp_session_id=session_id,
+            is_json_response_enabled=self.json_response,
+            event_store=self._events_for(session_id),
+            security_settings=self.security_settings,
+            retry_interval=self.retry_interval,
+            idle_timeout=self.session_idle_timeout,
+        )
+        if record.owner is not None:
+            self._session_owners[session_id] = cast(AuthorizationContext, record.owner)
+        self._server_instances[session_id] = transport
+        self._checked[session_id] = time.monotonic()
+        client_params = _client_params(record)
+
+        async def run_server(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+            async with transport.connect() as (read_stream, write_stream):
+                task_status.started()
+                try:
+                    with transport.idle_scope or anyio.CancelScope():
+                        # What the SDK's serve_loop builds, with the handshake already done: the
+                        # client completed it with the process that created the session.
+                        dispatcher: JSONRPCDispatcher[TransportContext] = JSONRPCDispatcher(
+                            read_stream, write_stream, inline_methods=frozenset({"initialize"})
+                        )
+                        connection = Connection.for_loop(
+                            dispatcher, session_id=session_id, protocol_version_hint=record.protocol_version
+                        )
+                        connection.client_params = client_params
+                        connection.initialized.set()
+                        await serve_connection(
+                            self.app, dispatcher, connection=connection, lifespan_state=self._lifespan_state
+                        )
+                except Exception:
+                    logger.exception("Adopted session %s crashed", session_id[:64])
+                finally:
+                    await self._discard_session(session_id, transport)
+
+        assert self._task_group is not None
+        await self._task_group.start(run_server)
+        logger.info("Adopted session %s from the session registry", session_id[:64])
+
+    async def _revalidate(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
+        """Once per refresh interval: refresh the record, and drop the session if it ended elsewhere."""
+        last = self._checked.setdefault(session_id, time.monotonic())
+        if time.monotonic() - last < self.registry.refresh_interval:
+            return
+        record = await self._refresh(session_id)
+        if record is not None and (record is _GONE or cast(SessionRecord, record).terminated):
+            logger.info("Session %s was terminated or expired elsewhere; closing it here", session_id[:64])
+            await self._discard_session(session_id, transport)
+
+    async def _refresh(self, session_id: str) -> SessionRecord | object | None:
+        """Touch the record: the record, ``_GONE`` when absent, None when the registry could not say."""
+        self._checked[session_id] = time.monotonic()
+        try:
+            record = await self.registry.touch(session_id)
+        except Exception as exc:
+            logger.warning("Could not refresh session %s in the session registry: %r", session_id[:64], exc)
+            return None
+        return _GONE if record is None else record
+
+    def _recording_termination(self, session_id: str, send: Send) -> Send:
+        """``send`` that records a successful DELETE in the registry before its response goes out."""
+
+        async def send_after_recording(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_BOOKKEEPING_TIMEOUT):
+                    await self._record_termination(session_id)
+            await send(message)
+
+        return send_after_recording
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+        transport = super()._admit_session(requestor)
+        if transport is not None and transport.mcp_session_id is not None:
+            # The SDK built the transport without a store; give it this session's view.
+            transport._event_store = self._events_for(transport.mcp_session_id)
+            self._checked[transport.mcp_session_id] = time.monotonic()
+        return transport
+
+    async def _discard_session(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
+        if self._server_instances.get(session_id) is transport:
+            self._checked.pop(session_id, None)
+        await super()._discard_session(session_id, transport)
+
+    def _events_for(self, session_id: str) -> EventStore | None:
+        if self.shared_event_store is None:
+            return None
+        return SessionScopedEventStore(self.shared_event_store, session_id)
+
+    async def _register(self, session_id: str, owner: dict[str, Any] | None, handshake: dict[str, Any] | None) -> None:
+        try:
+            if not await self.registry.register(session_id, owner=owner, handshake=handshake):
+                logger.error("Session id %s is already in the session registry; not recorded", session_id[:64])
+        except Exception:
+            # A registry outage costs the session its durability, not its response.
+            logger.exception("Could not record session %s in the session registry", session_id[:64])
+
+    async def _record_termination(self, session_id: str) -> None:
+        try:
+            await self.registry.terminate(session_id)
+        except Exception:
+            logger.exception("Could not record the termination of session %s", session_id[:64])
+
+    async def close_sessions(self) -> None:
+        """Shut down: end this process's transports gracefully, leaving every session adoptable."""
+        self._closing = True
+        for transport in list(self._server_instances.values()):
+            try:
+                await transport.terminate()
+            except Exception:
+                logger.debug("Error terminating a transport on shutdown", exc_info=True)
+
+
+_GONE = object()
+"""What _refresh returns when the registry has no record of the session (expired or never written)."""
+
+
+def _requestor(scope: Scope) -> dict[str, Any] | None:
+    """The request's authorization context, compared exactly as the SDK compares it."""
+    user = scope.get("user")
+    return dict(authorization_context(user)) if isinstance(user, AuthenticatedUser) else None
+
+
+def _client_params(record: SessionRecord) -> InitializeRequestParams | None:
+    if record.handshake is None:
+        return None
+    try:
+        return InitializeRequestParams.model_validate(record.handshake, by_name=False)
+    except ValidationError:
+        logger.warning("Recorded handshake of session %s is unreadable; adopting it without", record.session_id)
+        return None
+
+
+def _initialize_params(body: bytes | bytearray) -> dict[str, Any] | None:
+    """The params of the ``initialize`` request in an opening request body, if any."""
+    if not body or len(body) > _MAX_HANDSHAKE_BYTES:
+        return None
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    for message in payload if isinstance(payload, list) else [payload]:
+        if isinstance(message, dict) and message.get("method") == "initialize":
+            params = message.get("params")
+            return params if isinstance(params, dict) else None
+    return None
+
+
+def _response_session_id(message: Message) -> str | None:
+    """The ``Mcp-Session-Id`` a response start message carries, if any."""
+    header = MCP_SESSION_ID_HEADER.lower().encode("latin-1")
+    for name, value in message.get("headers", ()):
+        if name.lower() == header:
+            return cast(bytes, value).decode("latin-1")
+    return None
+
+
+def _error_response(message: str, status_code: int) -> Response:
+    """A JSON-RPC error without request id, as the SDK's session manager sends its own."""
+    body = JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=INTERNAL_ERROR, message=message))
+    return Response(
+        body.model_dump_json(by_alias=True, exclude_unset=True), status_code=status_code, media_type="application/json"
+    )
+
+
+def _streamable_endpoint(app: StarletteWithLifespan) -> StreamableHTTPASGIApp:
+    """The object FastMCP's Streamable HTTP route hands each request to (auth middleware unwrapped)."""
+    for route in app.routes:
+        endpoint = getattr(route, "endpoint", None) if isinstance(route, Route) else None
+        for candidate in (endpoint, getattr(endpoint, "app", None)):
+            if isinstance(candidate, StreamableHTTPASGIApp):
+                return candidate
+    raise RuntimeError("durable sessions: FastMCP's app has no Streamable HTTP route (transport must be 'http')")
+
+
+def http_app(
+    mcp: FastMCP[Any],
+    *,
+    store: AsyncKeyValue,
+    event_store: EventStore | None = None,
+    idle_ttl: float = DEFAULT_IDLE_TTL,
+    **kwargs: Any,
+) -> StarletteWithLifespan:
+    """``mcp.http_app(**kwargs)`` with durable sessions: session ids recorded on ``store`` and adopted by any process.
+
+    ``event_store`` (shared by every process for resumability across them, e.g.
+    ``StoreEventStore(store)``) is scoped per session. ``idle_ttl`` is how long a session stays
+    adoptable after its last request. The other arguments are those of ``FastMCP.http_app``;
+    the transport must be Streamable HTTP and stateful.
+    """
+    if kwargs.get("transport", "http") not in ("http", "streamable-http"):
+        raise ValueError(f"durable sessions need the Streamable HTTP transport, not {kwargs['transport']!r}")
+    stateless = kwargs.get("stateless_http")
+    if stateless if stateless is not None else fastmcp.settings.stateless_http:
+        raise ValueError("durable sessions need stateful HTTP: a stateless_http app has no sessions to keep")
+    registry = SessionRegistry(store, idle_ttl=idle_ttl)
+    app = mcp.http_app(**kwargs)
+    endpoint = _streamable_endpoint(app)
+    json_response = kwargs.get("json_response")
+    idle_timeout = kwargs.get("session_idle_timeout")
+    if idle_timeout is None:
+        idle_timeout = fastmcp.settings.http_session_idle_timeout
+    timeout_option: dict[str, float | None] = {} if idle_timeout == "auto" else {"session_idle_timeout": idle_timeout}
+
+    # FastMCP's own lifespan builds its session manager; this one builds the durable one with
+    # the same settings, and ends the transports gracefully on shutdown as FastMCP does.
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
+        manager = DurableSessionManager(
+            mcp._mcp_server,
+            registry=registry,
+            event_store=event_store,
+            json_response=json_response if json_response is not None else fastmcp.settings.json_response,
+            retry_interval=kwargs.get("retry_interval"),
+            # FastMCP owns DNS-rebinding protection (its Host/Origin guard), so the SDK's is off.
+            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            **timeout_option,
+        )
+        endpoint.session_manager = manager
+        async with manager.run():
+            try:
+                yield
+            finally:
+                await manager.close_sessions()
+
+    app.router.lifespan_context = lifespan
+    app.state.session_registry = registry
+    return app
