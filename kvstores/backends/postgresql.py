@@ -281,6 +281,9 @@ class PostgreSQLStore(BaseStore):
     ``table`` is the quoted name of that table; ``pool`` the asyncpg pool in use, once it is.
     """
 
+    pool: asyncpg.Pool[Any] | None = None
+    _owns_pool = False  # class defaults: __del__ reads them even when __init__ failed
+
     def __init__(
         self,
         url: str | None = None,
@@ -316,7 +319,7 @@ class PostgreSQLStore(BaseStore):
             **pool_options,
         }
         self._owns_pool = pool is None
-        self.pool: asyncpg.Pool[Any] | None = pool
+        self.pool = pool
         self._ready_pool: asyncpg.Pool[Any] | None = None  # the pool, once the schema is checked
         self._opening = asyncio.Lock()
         self._sweep_interval = sweep_interval

@@ -1,0 +1,235 @@
+"""PostgreSQL for the tests: the machine's server, and private servers the fault tests stop and start.
+
+The table's row reaches the server at KVSTORES_POSTGRESQL_URL (default: the machine's
+PostgreSQL 15 on 127.0.0.1:5432, trust auth), creates a database of its own for the session
+and drops it at the end; each namespace is a table in that database (the store's ``table``
+option). :class:`PostgresServer` runs a private server (``initdb`` / ``pg_ctl`` from
+``pg_config --bindir``, as the ``postgres`` user when the tests run as root: the server
+refuses root) in a temporary folder on a free loopback port.
+
+Run as ``python -m tests.support.postgresql crash URL TABLE FIRST_GENERATION``: the child of
+the SIGKILL test, which loops ``put_many`` of one crash-test batch after another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from tests.support import Backend, Unavailable, free_port
+
+URL_VARIABLE = "KVSTORES_POSTGRESQL_URL"
+"""Environment variable naming the server (and a database to connect to) the tests use."""
+
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
+"""The machine's PostgreSQL, as the machines of this project run it."""
+
+
+def server_url() -> str:
+    """The URL of the server the tests use (the database in it is only connected to)."""
+    return os.environ.get(URL_VARIABLE, DEFAULT_URL)
+
+
+def with_database(url: str, database: str) -> str:
+    """``url`` naming ``database`` instead of its own."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
+
+
+def run_sql(url: str, *statements: str | tuple[str, Sequence[Any]]) -> list[Any]:
+    """Run each statement (SQL, or (SQL, arguments)) on one new connection; return each one's rows.
+
+    Runs on a thread of its own with its own event loop, so that sync code (fixtures, other
+    threads) and async tests alike can call it.
+    """
+    results: list[Any] = []
+    failure: list[BaseException] = []
+
+    async def work() -> None:
+        connection = await asyncpg.connect(url, timeout=10)
+        try:
+            for statement in statements:
+                sql, arguments = (statement, ()) if isinstance(statement, str) else statement
+                results.append(await connection.fetch(sql, *arguments, timeout=30))
+        finally:
+            await connection.close()
+
+    def thread() -> None:
+        try:
+            asyncio.run(work())
+        except BaseException as exc:
+            failure.append(exc)
+
+    runner = threading.Thread(target=thread)
+    runner.start()
+    runner.join(timeout=60)
+    if runner.is_alive():
+        raise TimeoutError(f"SQL on {url} did not finish within 60 s")
+    if failure:
+        raise failure[0]
+    return results
+
+
+def create_database(url: str, prefix: str = "kvstores_tests") -> str:
+    """Create a database with a new name on the server of ``url``; return its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    run_sql(url, f'CREATE DATABASE "{name}"')
+    return with_database(url, name)
+
+
+def drop_database(url: str, database_url: str) -> None:
+    """Drop the database of ``database_url`` (disconnecting its clients) through ``url``."""
+    name = urlsplit(database_url).path.lstrip("/")
+    run_sql(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def table_name(namespace: str) -> str:
+    """The table of ``namespace``: the name itself when it is an identifier, else a digest of it."""
+    if re.fullmatch(r"[a-z_][a-z0-9_]{0,54}", namespace):
+        return namespace
+    return "ns_" + hashlib.sha256(namespace.encode()).hexdigest()[:40]
+
+
+class PostgreSQLBackend(Backend):
+    """PostgreSQLStore from a URL, on a database of the session's own; one table per namespace."""
+
+    name = "postgresql"
+
+    def start(self) -> None:
+        self.server_url = server_url()
+        try:
+            self.database_url = create_database(self.server_url)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise Unavailable(f"no PostgreSQL at {self.server_url}: {exc}") from exc
+
+    def stop(self) -> None:
+        drop_database(self.server_url, self.database_url)
+
+    def url(self, namespace: str) -> tuple[str, dict[str, Any]]:
+        return self.database_url, {"table": table_name(namespace)}
+
+    def corrupt(self, store: Any, key: str, raw: str | bytes | int) -> None:
+        if not isinstance(raw, str):
+            import pytest
+
+            pytest.skip("PostgreSQLStore's value column is text: bytes and numbers cannot be put there")
+        sql = f"UPDATE {store.table} SET value = $1 WHERE collection = $2 AND key = $3 RETURNING 1"
+        (updated,) = run_sql(self.database_url, (sql, (raw, b"default", key.encode())))
+        assert len(updated) == 1
+
+
+def bindir() -> Path:
+    """The folder of the server's programs, as ``pg_config --bindir`` prints it."""
+    pg_config = shutil.which("pg_config")
+    if pg_config is None:
+        raise Unavailable("pg_config is not installed (PostgreSQL's server package)")
+    folder = Path(subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=True).stdout.strip())
+    if not (folder / "initdb").exists():
+        raise Unavailable(f"no initdb in {folder}")
+    return folder
+
+
+class PostgresServer:
+    """A private PostgreSQL server on 127.0.0.1 in a temporary folder; data survives stop/start."""
+
+    def __init__(self) -> None:
+        self.bin = bindir()
+        self.port = free_port()
+        self.folder = Path(tempfile.mkdtemp(prefix="kvstores-pg-"))
+        self.data = self.folder / "data"
+        self.log = self.folder / "server.log"
+        self._as_postgres: list[str] = []
+        if os.geteuid() == 0:  # the server refuses to run as root
+            if shutil.which("runuser") is None:
+                raise Unavailable("running as root without runuser: cannot start PostgreSQL as postgres")
+            shutil.chown(self.folder, "postgres", "postgres")
+            self._as_postgres = ["runuser", "-u", "postgres", "--"]
+
+    @property
+    def url(self) -> str:
+        """A URL of the server's ``postgres`` database, as the ``postgres`` role."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *command: str, timeout: float = 60) -> None:
+        result = subprocess.run(
+            [*self._as_postgres, *command], capture_output=True, text=True, timeout=timeout, cwd=self.folder
+        )
+        if result.returncode != 0:
+            log = self.log.read_text()[-2000:] if self.log.exists() else ""
+            raise Unavailable(f"{Path(command[0]).name} failed: {result.stdout}{result.stderr}{log}")
+
+    def init(self) -> None:
+        """Create the data folder (trust auth, no fsync: the tests need speed, not durability)."""
+        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
+
+    def start(self) -> None:
+        """Start the server (again, after a stop) and wait until it accepts connections."""
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder} -c fsync=off"
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server: ``fast`` disconnects the clients, ``immediate`` is a crash."""
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def remove(self) -> None:
+        """Stop the server if it runs, and delete its folder."""
+        if (self.data / "postmaster.pid").exists():
+            with contextlib.suppress(Unavailable):
+                self.stop("immediate")
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# -- child processes -------------------------------------------------------------------------
+
+
+def first_use(url: str, table: str, worker: int, barrier: Any, results: Any) -> None:
+    """Open a store on a table nobody created yet, at the same moment as the other workers, and write."""
+    from kvstores.backends.postgresql import PostgreSQLStore
+
+    async def work() -> None:
+        store = PostgreSQLStore(url, table=table)
+        try:
+            await asyncio.to_thread(barrier.wait)
+            await store.put(f"w{worker}", {"worker": worker})
+        finally:
+            await store.aclose()
+
+    try:
+        asyncio.run(work())
+        results.put((worker, None))
+    except BaseException as exc:
+        results.put((worker, f"{type(exc).__name__}: {exc}"))
+
+
+async def _write_batches(url: str, table: str, generation: int) -> None:
+    from kvstores.backends.postgresql import PostgreSQLStore
+    from tests.support.workers import batch
+
+    store = PostgreSQLStore(url, table=table)
+    deadline = time.monotonic() + 60  # bounded: the test kills it long before
+    while time.monotonic() < deadline:
+        keys, values = batch(generation)
+        await store.put_many(keys, values, collection="batches")
+        print(generation, flush=True)  # acknowledged: committed
+        generation += 1
+    await store.aclose()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "crash":
+        asyncio.run(_write_batches(sys.argv[2], sys.argv[3], int(sys.argv[4])))
