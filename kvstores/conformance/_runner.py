@@ -56,7 +56,7 @@ def _reason(report: pytest.TestReport) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    line = lines[0] if lines else "failed"
+    line = lines[0].removeprefix("Failed: ") if lines else "failed"
     if line == "AssertionError" and len(lines) > 1:
         line = lines[1]
     return line if len(line) <= _REASON_LENGTH else line[: _REASON_LENGTH - 3] + "..."

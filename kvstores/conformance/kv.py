@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import reprlib
 import unicodedata
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from decimal import Decimal
 from types import MappingProxyType
@@ -127,6 +130,16 @@ BAD_TTLS: list[Any] = [0, 0.0, -1, -0.001, math.nan, math.inf, -math.inf, True, 
 """TTLs every store must reject with InvalidTTLError."""
 
 
+@contextmanager
+def rejected(error: type[Exception], what: str) -> Iterator[None]:
+    """Like ``pytest.raises(error)``, but a failure says ``what`` was accepted instead."""
+    try:
+        yield
+    except error:
+        return
+    pytest.fail(f"{what} was accepted; expected {error.__name__}", pytrace=False)
+
+
 def typed(value: Any) -> Any:
     """A comparable form of a JSON value that tells True from 1 and 1.0 from 1."""
     if isinstance(value, dict):
@@ -217,26 +230,26 @@ class AsyncKeyValueConformance(Conformance):
     async def test_keys_invalid_key_rejected(self, store: Any) -> None:
         await store.put("k", {"v": 1})
         for bad in [1, None, b"k", ("k",), "x" * (MAX_KEY_LENGTH + 1), "lone \ud800 surrogate"]:
-            with pytest.raises(InvalidKeyError):
+            with rejected(InvalidKeyError, f"put() of key {reprlib.repr(bad)}"):
                 await store.put(bad, {"v": 2})
-            with pytest.raises(InvalidKeyError):
+            with rejected(InvalidKeyError, f"get() of key {reprlib.repr(bad)}"):
                 await store.get(bad)
-            with pytest.raises(InvalidKeyError):
+            with rejected(InvalidKeyError, f"delete() of key {reprlib.repr(bad)}"):
                 await store.delete(bad)
-            with pytest.raises(InvalidKeyError):
+            with rejected(InvalidKeyError, f"put_many() of key {reprlib.repr(bad)}"):
                 await store.put_many(["k", bad], [{"v": 2}, {"v": 2}])
-            with pytest.raises(InvalidKeyError):
+            with rejected(InvalidKeyError, f"get_many() of key {reprlib.repr(bad)}"):
                 await store.get_many([bad])
         assert_same(await store.get("k"), {"v": 1})
 
     async def test_keys_invalid_collection_rejected(self, store: Any) -> None:
         await store.put("k", {"v": 1})
         for bad in ["", 7, b"c", "x" * (MAX_KEY_LENGTH + 1), "\udfff"]:
-            with pytest.raises(InvalidKeyError):
+            with rejected(InvalidKeyError, f"put() in collection {reprlib.repr(bad)}"):
                 await store.put("k", {"v": 2}, collection=bad)
-            with pytest.raises(InvalidKeyError):
+            with rejected(InvalidKeyError, f"get() in collection {reprlib.repr(bad)}"):
                 await store.get("k", collection=bad)
-            with pytest.raises(InvalidKeyError):
+            with rejected(InvalidKeyError, f"delete_many() in collection {reprlib.repr(bad)}"):
                 await store.delete_many(["k"], collection=bad)
         assert_same(await store.get("k"), {"v": 1})
 
@@ -264,9 +277,9 @@ class AsyncKeyValueConformance(Conformance):
     async def test_values_rejected_and_nothing_written(self, store: Any) -> None:
         await store.put("k", {"v": "kept"})
         for bad in BAD_VALUES:
-            with pytest.raises(SerializationError):
+            with rejected(SerializationError, f"put() of {reprlib.repr(bad)}"):
                 await store.put("k", bad)
-            with pytest.raises(SerializationError):
+            with rejected(SerializationError, f"put() of {reprlib.repr(bad)}"):
                 await store.put("new", bad)
         assert_same(await store.get("k"), {"v": "kept"})
         assert await store.get("new") is None
@@ -278,7 +291,7 @@ class AsyncKeyValueConformance(Conformance):
         for _ in range(100_000):
             deep = [deep]
         for bad in [cyclic, {"deep": deep}]:
-            with pytest.raises(SerializationError):
+            with rejected(SerializationError, f"put() of {reprlib.repr(bad)}"):
                 await store.put("k", bad)
         assert await store.get("k") is None
 
@@ -286,9 +299,9 @@ class AsyncKeyValueConformance(Conformance):
         if self.max_value_bytes is None:
             pytest.skip("max_value_bytes is None")
         await store.put("k", {"v": "kept"})
-        with pytest.raises(ValueTooLargeError):
+        with rejected(ValueTooLargeError, f"put() of a value of {self.max_value_bytes} bytes"):
             await store.put("k", {"v": "x" * self.max_value_bytes})
-        with pytest.raises(ValueTooLargeError):
+        with rejected(ValueTooLargeError, f"put_many() of a value of {self.max_value_bytes} bytes"):
             await store.put_many(["a", "k"], [{"v": 1}, {"v": "\u00e9" * (self.max_value_bytes // 2)}])
         assert_same(await store.get("k"), {"v": "kept"})
         assert await store.get("a") is None
@@ -311,9 +324,9 @@ class AsyncKeyValueConformance(Conformance):
     async def test_ttl_invalid_rejected_and_nothing_written(self, store: Any) -> None:
         await store.put("k", {"v": "kept"})
         for bad in BAD_TTLS:
-            with pytest.raises(InvalidTTLError):
+            with rejected(InvalidTTLError, f"put() with ttl={reprlib.repr(bad)}"):
                 await store.put("k", {"v": "changed"}, ttl=bad)
-            with pytest.raises(InvalidTTLError):
+            with rejected(InvalidTTLError, f"put_many() with ttl={reprlib.repr(bad)}"):
                 await store.put_many(["k", "new"], [{"v": 1}, {"v": 2}], ttl=bad)
         assert await store.ttl("k") == ({"v": "kept"}, None)
         assert await store.get("new") is None
@@ -429,16 +442,16 @@ class AsyncKeyValueConformance(Conformance):
 
     async def test_bulk_bare_str_rejected(self, store: Any) -> None:
         for call in (store.get_many, store.ttl_many, store.delete_many):
-            with pytest.raises(TypeError):
+            with rejected(TypeError, f"{call.__name__}() of a bare str"):
                 await call("abc")
-        with pytest.raises(TypeError):
+        with rejected(TypeError, "put_many() of a bare str"):
             await store.put_many("ab", [{"v": 1}, {"v": 2}])
         assert await store.get_many(["a", "b"]) == [None, None]
 
     async def test_bulk_validates_everything_first(self, store: Any) -> None:
         keys = [f"k{i}" for i in range(10)]
         values: list[Any] = [{"i": i} for i in range(9)] + [{"bad": {1, 2}}]
-        with pytest.raises(SerializationError):
+        with rejected(SerializationError, f"put_many() of {values[-1]}"):
             await store.put_many(keys, values)
         assert await store.get_many(keys) == [None] * 10
 
@@ -587,7 +600,9 @@ class AsyncKeyValueConformance(Conformance):
 
     @requires("atomic")
     async def test_atomic_put_if_absent_rejects_what_put_rejects(self, store: Any) -> None:
-        await self._check_rejected(store, lambda key, value, **options: store.put_if_absent(key, value, **options))
+        await self._check_rejected(
+            store, "put_if_absent()", lambda key, value, **options: store.put_if_absent(key, value, **options)
+        )
 
     @requires("atomic")
     async def test_atomic_pop(self, store: Any) -> None:
@@ -685,7 +700,10 @@ class AsyncKeyValueConformance(Conformance):
     @requires("atomic")
     async def test_atomic_update_rejects_what_put_rejects(self, store: Any) -> None:
         await self._check_rejected(
-            store, lambda key, value, **options: store.update(key, lambda old: value, **options), none_deletes=True
+            store,
+            "update()",
+            lambda key, value, **options: store.update(key, lambda old: value, **options),
+            none_deletes=True,
         )
 
     @requires("atomic")
@@ -722,25 +740,25 @@ class AsyncKeyValueConformance(Conformance):
         assert values == list(range(50)), "150 concurrent pops of 50 keys must return each value exactly once"
         assert await store.get_many(keys) == [None] * 50
 
-    async def _check_rejected(self, store: Any, write: Any, *, none_deletes: bool = False) -> None:
+    async def _check_rejected(self, store: Any, operation: str, write: Any, *, none_deletes: bool = False) -> None:
         """``write(key, value, **options)`` raises what put raises on bad input and changes nothing."""
         await store.put("k", {"v": "kept"})
         for bad_value in [value for value in BAD_VALUES if not (none_deletes and value is None)]:
             for key in ("k", "new"):
-                with pytest.raises(SerializationError):
+                with rejected(SerializationError, f"{operation} of {reprlib.repr(bad_value)}"):
                     await write(key, bad_value)
         for bad_ttl in BAD_TTLS:
             for key in ("k", "new"):
-                with pytest.raises(InvalidTTLError):
+                with rejected(InvalidTTLError, f"{operation} with ttl={reprlib.repr(bad_ttl)}"):
                     await write(key, {"v": "changed"}, ttl=bad_ttl)
         for bad_key in [1, None, "x" * (MAX_KEY_LENGTH + 1), "lone \ud800 surrogate"]:
-            with pytest.raises(InvalidKeyError):
+            with rejected(InvalidKeyError, f"{operation} of key {reprlib.repr(bad_key)}"):
                 await write(bad_key, {"v": "changed"})
-        with pytest.raises(InvalidKeyError):
+        with rejected(InvalidKeyError, f"{operation} in collection ''"):
             await write("k", {"v": "changed"}, collection="")
         if self.max_value_bytes is not None:
             for key in ("k", "new"):
-                with pytest.raises(ValueTooLargeError):
+                with rejected(ValueTooLargeError, f"{operation} of a value of {self.max_value_bytes} bytes"):
                     await write(key, {"v": "x" * self.max_value_bytes})
         assert await store.ttl("k") == ({"v": "kept"}, None)
         assert await store.get("new") is None

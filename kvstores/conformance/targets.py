@@ -92,7 +92,8 @@ async def resolve(spec: str, *, event_stores: bool = False) -> Target:
     except ImportError as exc:  # a backend's missing extra: the message names it
         raise TargetError(str(exc)) from exc
     except Exception as exc:
-        raise TargetError(f"{spec} failed to make a store: {type(exc).__name__}: {exc}") from exc
+        doing = f"cannot open {spec}" if is_url(spec) else f"the factory {spec} raised"
+        raise TargetError(f"{doing}: {type(exc).__name__}: {exc}") from exc
     kind = _kind(made, event_stores)
     type_name = f"{type(made).__module__}.{type(made).__qualname__}"
     try:
