@@ -97,8 +97,11 @@ class CheckPlugin:
 def render(target: Target, suite: str, results: list[Result]) -> str:
     """The report: counts per group, then each failed check and each group's skips, one line each."""
     lines = [f"kvstores check {target.spec} --suite {suite}"]
-    found = ", ".join(sorted(target.capabilities)) or "none"
-    lines.append(f"{target.type_name}; optional capabilities: {found}")
+    if target.kind == "store":
+        found = ", ".join(sorted(target.capabilities)) or "none"
+        lines.append(f"{target.type_name}; optional capabilities: {found}")
+    else:
+        lines.append(f"{target.type_name} (an event store)")
     lines.append("")
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     for result in results:

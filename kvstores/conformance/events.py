@@ -95,7 +95,7 @@ class EventStoreConformance(Conformance):
     def _limit(self, name: str) -> Any:
         value = getattr(self, name)
         if value is None:
-            pytest.skip(f"{type(self).__name__}.{name} is None")
+            pytest.skip(f"{type(self).__name__}.{name} is None: the store's limit is not known, so not checked")
         return value
 
     # -- replay ----------------------------------------------------------------------
