@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import os
 import random
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, SupportsFloat, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from kvstores._batching import Coalescer
 from kvstores._codec import (
     check_collection,
     check_key,
@@ -36,7 +39,16 @@ from kvstores._codec import (
 )
 from kvstores.errors import ConflictError, StoreClosedError
 
-__all__ = ["DEFAULT_COLLECTION", "UPDATE_ATTEMPTS", "BaseStore", "Stored", "chunks"]
+__all__ = [
+    "BATCHING_VARIABLE",
+    "DEFAULT_COLLECTION",
+    "UPDATE_ATTEMPTS",
+    "BaseStore",
+    "Stored",
+    "chunks",
+    "flag",
+    "split_url_options",
+]
 
 T = TypeVar("T")
 
@@ -46,11 +58,52 @@ Stored = str | bytes
 DEFAULT_COLLECTION = "default"
 """The collection used when ``collection=None``, unless a store is given another."""
 
+BATCHING_VARIABLE = "KVSTORES_BATCHING"
+"""Environment variable that turns batching off (``off``/``false``/``0``) for stores not told otherwise."""
+
 UPDATE_ATTEMPTS = 100
 """Races ``update()`` may lose before it raises ConflictError (with backoff, about 2.5 s at most)."""
 
 _BACKOFF_BASE = 0.001
 _BACKOFF_CAP = 0.025
+
+
+_Entry = tuple[str, str, str, "float | None"]  # (collection, key, encoded value, ttl) of one put
+
+
+def _entry_size(entry: _Entry) -> int:
+    return len(entry[2])
+
+
+def flag(text: str) -> bool:
+    """A boolean URL query option: true/false, 1/0, yes/no, on/off."""
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def split_url_options(url: str, converters: Mapping[str, Callable[[str], Any]]) -> tuple[str, dict[str, Any]]:
+    """Take the store's own options (named in ``converters``) out of ``url``'s query.
+
+    Returns the URL with the rest of its query untouched (for the driver) and the options,
+    each converted. ``batching`` (a :func:`flag`) is every store's own option.
+    """
+    converters = {"batching": flag, **converters}
+    parts = urlsplit(url)
+    rest: list[tuple[str, str]] = []
+    options: dict[str, Any] = {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name in converters:
+            options[name] = converters[name](value)
+        else:
+            rest.append((name, value))
+    if options:  # rebuilt by hand: urlunsplit would turn sqlite:////abs.db into sqlite://abs.db
+        url = url.partition("?")[0] + (f"?{urlencode(rest)}" if rest else "")
+        url += f"#{parts.fragment}" if parts.fragment else ""
+    return url, options
 
 
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
@@ -73,9 +126,19 @@ class BaseStore(abc.ABC):
 
     _closed = False
 
-    def __init__(self, *, default_collection: str = DEFAULT_COLLECTION) -> None:
+    def __init__(self, *, default_collection: str = DEFAULT_COLLECTION, batching: bool | None = False) -> None:
+        """``batching``: coalesce concurrent single-key gets and puts into bulk calls (kvstores._batching);
+        None means on unless the environment variable ``KVSTORES_BATCHING`` says off."""
         check_collection(default_collection)
         self.default_collection = default_collection
+        if batching is None:
+            batching = flag(os.environ.get(BATCHING_VARIABLE, "on"))
+        self.batching = batching
+        self._reads: Coalescer[tuple[str, str], Stored | None] | None = None
+        self._writes: Coalescer[_Entry, None] | None = None
+        if batching:
+            self._reads = Coalescer(self._get_pair, self._get_pairs)
+            self._writes = Coalescer(self._put_entry, self._put_entries, size=_entry_size)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -128,7 +191,8 @@ class BaseStore(abc.ABC):
         """Return a fresh copy of the value stored under ``key``, or None if absent or expired."""
         name = self._collection(collection)
         check_key(key)
-        text = await self._get(name, key)
+        reads = self._reads
+        text = await (self._get(name, key) if reads is None else reads((name, key)))
         return None if text is None else decode_value(text, key)
 
     async def ttl(self, key: str, *, collection: str | None = None) -> tuple[dict[str, Any] | None, float | None]:
@@ -150,7 +214,9 @@ class BaseStore(abc.ABC):
         name = self._collection(collection)
         check_key(key)
         seconds = check_ttl(ttl)
-        await self._put(name, key, encode_value(value), seconds)
+        text = encode_value(value)
+        writes = self._writes
+        await (self._put(name, key, text, seconds) if writes is None else writes((name, key, text, seconds)))
 
     async def delete(self, key: str, *, collection: str | None = None) -> bool:
         """Delete ``key``; return True if it existed."""
@@ -352,6 +418,34 @@ class BaseStore(abc.ABC):
 
     async def _get(self, collection: str, key: str) -> Stored | None:
         return (await self._get_many(collection, [key]))[0]
+
+    # -- batching: what the coalescers run ------------------------------------------
+
+    async def _get_pair(self, pair: tuple[str, str]) -> Stored | None:
+        return await self._get(*pair)
+
+    async def _get_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[Stored | None]:
+        """One ``_get_many`` per collection for the (collection, key) pairs of a batch."""
+        keys_by_collection: dict[str, dict[str, None]] = {}
+        for collection, key in pairs:
+            keys_by_collection.setdefault(collection, {})[key] = None
+        found: dict[tuple[str, str], Stored | None] = {}
+        for collection, distinct in keys_by_collection.items():
+            keys = list(distinct)
+            found.update(zip(((collection, key) for key in keys), await self._get_many(collection, keys)))
+        return [found[pair] for pair in pairs]
+
+    async def _put_entry(self, entry: _Entry) -> None:
+        await self._put(*entry)
+
+    async def _put_entries(self, entries: Sequence[_Entry]) -> list[None]:
+        """One ``_put_many`` per (collection, TTL) for the puts of a batch; of one key, the last wins."""
+        groups: dict[tuple[str, float | None], dict[str, str]] = {}
+        for collection, key, text, ttl in entries:
+            groups.setdefault((collection, ttl), {})[key] = text
+        for (collection, ttl), texts in groups.items():
+            await self._put_many(collection, list(texts), list(texts.values()), ttl)
+        return [None] * len(entries)
 
     async def _ttl(self, collection: str, key: str) -> tuple[Stored | None, float | None]:
         return (await self._ttl_many(collection, [key]))[0]

@@ -73,7 +73,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from kvstores._optional import missing_extra
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks, split_url_options
 from kvstores.errors import DeserializationError, KVStoreError, StoreConnectionError
 
 try:
@@ -99,6 +99,7 @@ DEFAULT_CHUNK_SIZE = 100
 # Expiry dates are read as integer milliseconds (bson.DatetimeMS): cheaper than datetime
 # objects and independent of the tz_aware setting of a client the user passes in.
 _CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(datetime_conversion=DatetimeConversion.DATETIME_MS)
+_QUERY_OPTIONS = {"collection": str, "timeout": float, "chunk_size": int, "default_collection": str}
 _INDEXES = [IndexModel("e", name="kvstores_expiry", expireAfterSeconds=0, sparse=True)]
 
 
@@ -193,9 +194,10 @@ class MongoDBStore(BaseStore):
         timeout: float = 5.0,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         default_collection: str = DEFAULT_COLLECTION,
+        batching: bool | None = None,
     ) -> None:
         """Open a store on ``client``: a MongoDB URL, an ``AsyncMongoClient`` or an ``AsyncIOMotorClient``."""
-        super().__init__(default_collection=default_collection)
+        super().__init__(default_collection=default_collection, batching=batching)
         if isinstance(client, MongoClient):
             raise TypeError(
                 "MongoDBStore needs an async client: pymongo.AsyncMongoClient or motor's AsyncIOMotorClient"
@@ -224,8 +226,13 @@ class MongoDBStore(BaseStore):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MongoDBStore:
-        """Open ``mongodb://host:port/database`` or ``mongodb+srv://...``; ``options`` as for the constructor."""
-        return cls(url, **options)
+        """Open ``mongodb://host:port/database`` or ``mongodb+srv://...``; ``options`` as for the constructor.
+
+        The store's own query options (``collection``, ``timeout``, ``chunk_size``,
+        ``default_collection``, ``batching``) are taken out of the URL; the rest go to pymongo.
+        """
+        url, query = split_url_options(url, _QUERY_OPTIONS)
+        return cls(url, **{**query, **options})
 
     @property
     def database(self) -> str:

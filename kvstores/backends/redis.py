@@ -48,11 +48,11 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from contextlib import aclosing
 from types import TracebackType
 from typing import Any, Final, cast
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote
 
 from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks, split_url_options
 from kvstores.errors import KVStoreError, StoreConnectionError
 
 try:
@@ -212,21 +212,6 @@ def _remaining(milliseconds: int) -> float | None:
     return None if milliseconds < 0 else milliseconds / 1000
 
 
-def _split_store_options(url: str) -> tuple[str, dict[str, Any]]:
-    """Take kvstores' own options out of the URL's query; leave everything else as it is."""
-    parts = urlsplit(url)
-    rest: list[tuple[str, str]] = []
-    options: dict[str, Any] = {}
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name in _STORE_QUERY_OPTIONS:
-            options[name] = _STORE_QUERY_OPTIONS[name](value)
-        else:
-            rest.append((name, value))
-    if options:
-        url = urlunsplit(parts._replace(query=urlencode(rest)))
-    return url, options
-
-
 class RedisStore(BaseStore):
     """A store on Redis (standalone or Cluster) with native millisecond TTLs.
 
@@ -242,9 +227,10 @@ class RedisStore(BaseStore):
         timeout: float = 5.0,
         max_connections: int = 50,
         default_collection: str = DEFAULT_COLLECTION,
+        batching: bool | None = None,
         **client_options: Any,
     ) -> None:
-        super().__init__(default_collection=default_collection)
+        super().__init__(default_collection=default_collection, batching=batching)
         if not isinstance(prefix, str) or not prefix or "{" in prefix:
             raise ValueError(f"prefix must be a non-empty str without '{{', got {prefix!r}")
         if (url is None) == (client is None):
@@ -267,7 +253,7 @@ class RedisStore(BaseStore):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
         """Open ``redis://``, ``rediss://``, ``unix://`` or ``redis+cluster://`` URLs."""
-        url, query = _split_store_options(url)
+        url, query = split_url_options(url, _STORE_QUERY_OPTIONS)
         return cls(url, **{**query, **options})
 
     @staticmethod

@@ -35,10 +35,10 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from kvstores._optional import missing_extra
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks, split_url_options
 from kvstores.errors import KVStoreError, StoreConnectionError
 
 try:
@@ -54,6 +54,7 @@ SCHEMA_VERSION = 1
 T = TypeVar("T")
 Work = Callable[[sqlite3.Connection], T]
 
+_QUERY_OPTIONS = {"timeout": float, "sweep_interval": float, "default_collection": str}
 _CHUNK = 500  # keys per IN (...) list: far below any SQLite parameter limit
 _LIVE = "(expires_at IS NULL OR expires_at > ?)"
 _SCHEMA = (
@@ -192,8 +193,9 @@ class SQLiteStore(BaseStore):
         timeout: float = 5.0,
         sweep_interval: float = 60.0,
         default_collection: str = DEFAULT_COLLECTION,
+        batching: bool | None = None,
     ) -> None:
-        super().__init__(default_collection=default_collection)
+        super().__init__(default_collection=default_collection, batching=batching)
         self.path = str(path)
         self._timeout = timeout
         self._sweep_interval = sweep_interval
@@ -204,6 +206,7 @@ class SQLiteStore(BaseStore):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteStore:
         """Open ``sqlite:///rel.db``, ``sqlite:////abs.db`` or ``sqlite://:memory:``."""
+        url, query = split_url_options(url, _QUERY_OPTIONS)
         parts = urlsplit(url)
         if parts.netloc == ":memory:" or parts.path in ("/:memory:", ""):
             path = ":memory:"
@@ -211,7 +214,8 @@ class SQLiteStore(BaseStore):
             raise ValueError(f"{url!r}: use sqlite:///relative.db or sqlite:////absolute/path.db")
         else:
             path = unquote(parts.path[1:])
-        query: dict[str, Any] = {name: float(value) for name, value in parse_qsl(parts.query)}
+        if parts.query:
+            raise ValueError(f"{url!r}: unknown options; SQLite URLs take {', '.join(_QUERY_OPTIONS)}, batching")
         return cls(path, **{**query, **options})
 
     # -- running work on the connection's thread -----------------------------------
