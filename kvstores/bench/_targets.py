@@ -79,6 +79,14 @@ class Target:
         return float(theirs / ours if self.metric in _LOWER_IS_BETTER else ours / theirs)
 
 
+_BATCHING_MINIMUMS = (
+    ("redis", 0.9, 3.0, 2.0),
+    ("sqlite", 0.8, 2.0, 3.0),
+    ("mongodb", 0.85, 1.5, 1.5),
+    ("postgresql", 0.85, 2.0, 2.0),
+)
+"""Opportunistic batching: (backend, 1 caller get/put, 64 callers get, 64 callers put) minimum ratios."""
+
 TARGETS = (
     Target("{store} vs py-key-value MemoryStore, 100 B", "py-key-value", 10.0, KV_OPERATIONS, "kv", "memory", 100),
     Target("{store} vs py-key-value MemoryStore, all sizes", "py-key-value", 10.0, KV_OPERATIONS, "kv", "memory"),
@@ -91,6 +99,26 @@ TARGETS = (
     Target("{store} bulk ops vs raw asyncpg", "asyncpg", 0.85, ("get_many", "put_many"), "kv", "postgresql"),
     Target("{store} vs py-key-value PostgreSQLStore", "py-key-value", 1.2, KV_OPERATIONS, "kv", "postgresql"),
     Target("{store} atomic operations vs raw {baseline}", RAW, 0.8, ATOMIC_OPERATIONS, "atomic"),
+    *(
+        target
+        for backend, alone, gets, puts in _BATCHING_MINIMUMS
+        for target in (
+            Target("{store} get/put, 1 caller, vs raw {baseline}", RAW, alone, ("get", "put"), "kv", backend, 100, 1),
+            Target("{store} get, 64 callers, vs raw {baseline}", RAW, gets, ("get",), "kv", backend, 100, 64),
+            Target("{store} put, 64 callers, vs raw {baseline}", RAW, puts, ("put",), "kv", backend, 100, 64),
+            Target(
+                "{store} p99 of get/put, 64 callers, vs raw {baseline}",
+                RAW,
+                1.0,
+                ("get", "put"),
+                "kv",
+                backend,
+                100,
+                64,
+                "p99_us",
+            ),
+        )
+    ),
     Target("{store} append vs fastmcp EventStore ({backend})", "fastmcp", 3.0, ("append",), "events"),
     Target("{store} replay vs fastmcp EventStore ({backend})", "fastmcp", 5.0, ("replay",), "events"),
 )
