@@ -73,6 +73,7 @@ object works again once the server is back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import re
 import sys
@@ -113,7 +114,7 @@ _STORE_QUERY_OPTIONS = {
     "sweep_interval": float,
     "default_collection": str,
 }
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _MAX_TABLE_NAME: Final = 55  # leaves room for the index name "<table>_expiry" within 63 bytes
 _SWEEP_BATCH: Final = 1_000
 _IDS_CACHED: Final = 1_000  # collections whose (name, digest) is kept ready
@@ -125,6 +126,7 @@ _UNREACHABLE = (
     pg_errors.OperatorInterventionError,  # class 57: shutdown, starting up, statement timeout, cancel
     pg_errors.TooManyConnectionsError,
     pg_errors.LockNotAvailableError,  # lock_timeout
+    pg_errors.InternalClientError,  # a connection the server dropped, caught mid-protocol
 )
 
 
@@ -157,9 +159,9 @@ def _quoted_table(table: str) -> tuple[str, str]:
     """The quoted, validated table name and the quoted name of its expiry index."""
     if not isinstance(table, str):
         raise TypeError(f"table must be a str, not {type(table).__name__}")
-    schema, _, name = table.rpartition(".")
-    parts = [schema, name] if schema else [name]
-    if not all(_IDENTIFIER.fullmatch(part) for part in parts) or len(name) > _MAX_TABLE_NAME or len(schema) > 63:
+    parts = table.split(".")
+    name = parts[-1]
+    if len(parts) > 2 or not all(_IDENTIFIER.fullmatch(part) for part in parts) or len(name) > _MAX_TABLE_NAME:
         raise ValueError(
             f"table must be 'name' or 'schema.name' of letters, digits and '_' (name at most {_MAX_TABLE_NAME}"
             f" characters), got {table!r}"
@@ -395,6 +397,13 @@ class PostgreSQLStore(BaseStore):
                 connection = await pool.acquire()
                 try:
                     return await getattr(connection, kind)(sql, *args)
+                except BaseException as exc:
+                    if not isinstance(exc, pg_errors.PostgresError) or isinstance(exc, _UNREACHABLE):
+                        # not a clean SQL error: the connection may be broken, or still busy with a
+                        # cancelled statement; drop it (the pool connects anew) instead of resetting it
+                        with contextlib.suppress(pg_errors.InterfaceError):  # already dropped by asyncpg
+                            connection.terminate()
+                    raise
                 finally:
                     await pool.release(connection, timeout=self._timeout)
 

@@ -1,0 +1,624 @@
+"""PostgreSQL-specific tests: URLs, layout, long names, PgBouncer mode, first use, privileges, faults.
+
+The shared suites run over the table's ``postgresql`` row (tests/support/postgresql.py); these
+tests pin what only this backend has. Fault tests run on a private server (PostgresServer)
+that they stop and start; the SIGKILL test runs a writer process on the machine's server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import multiprocessing
+import os
+import random
+import select
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import anyio
+import asyncpg
+import pytest
+
+from kvstores import KVStoreError, StoreConnectionError, open_store
+from kvstores.backends.postgresql import DEFAULT_TABLE, SCHEMA_VERSION, PostgreSQLStore
+from tests.support import Unavailable, free_port
+from tests.support.fixtures import assert_connection_errors, rows, skip_or_fail
+from tests.support.postgresql import PostgreSQLBackend, PostgresServer, first_use, run_sql, table_name
+from tests.support.workers import BATCH_KEYS, batch
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgresql]
+
+pg = pytest.mark.parametrize("backend", rows("postgresql"), indirect=True)
+"""Run a test on the table's PostgreSQL row (the machine's server, the session's database)."""
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 1.0
+DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+
+
+def with_user(url: str, user: str) -> str:
+    """``url`` logging in as ``user`` (trust auth: no password)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{user}@{parts.hostname}:{parts.port}"))
+
+
+async def exercise(store: PostgreSQLStore) -> None:
+    """Every operation once, checking the results (a store on an empty table)."""
+    await store.put("k", {"v": 1})
+    await store.put_many(["a", "b"], [{"v": "a"}, {"v": "b"}], collection="c", ttl=60)
+    assert await store.get("k") == {"v": 1}
+    assert await store.get_many(["a", "x", "b"], collection="c") == [{"v": "a"}, None, {"v": "b"}]
+    (value, remaining), *_ = await store.ttl_many(["a"], collection="c")
+    assert value == {"v": "a"} and remaining is not None and 55 < remaining <= 60
+    assert await store.ttl("k") == ({"v": 1}, None)
+    assert sorted(await store.keys("c")) == ["a", "b"]
+    assert await store.collections() == ["c", "default"]
+    assert await store.put_if_absent("k", {"v": 2}) is False
+    assert await store.put_if_absent("new", {"v": 2}) is True
+    assert await store.update("k", lambda old: {"v": old["v"] + 1} if old else None) == {"v": 2}
+    assert await store.pop("new") == {"v": 2}
+    assert await store.delete("k") is True
+    assert await store.delete_many(["a", "a", "zz"], collection="c") == 1
+    await store.cull()
+    assert await store.destroy_collection("c") is True
+    await store.put("k", {"v": 3})
+    assert await store.destroy() is True
+    assert await store.collections() == []
+
+
+# -- URLs and options ----------------------------------------------------------------------
+
+
+def test_url_store_options_are_taken_out_and_the_rest_goes_to_asyncpg() -> None:
+    store = open_store(
+        "postgresql://user:secret@db.example:6543/app?sslmode=verify-full&table=app.kv&timeout=2.5"
+        "&application_name=x&max_connections=3&statement_cache_size=0&sweep_interval=9&default_collection=c"
+    )
+    assert isinstance(store, PostgreSQLStore)
+    assert store._url is not None
+    parts = urlsplit(store._url)
+    assert (parts.scheme, parts.netloc, parts.path) == ("postgresql", "user:secret@db.example:6543", "/app")
+    assert parse_qsl(parts.query) == [("sslmode", "verify-full"), ("application_name", "x")]
+    assert store.table == '"app"."kv"'
+    assert store._timeout == 2.5
+    assert store._pool_options["max_size"] == 3
+    assert store._pool_options["statement_cache_size"] == 0
+    assert store._sweep_interval == 9
+    assert store.default_collection == "c"
+    assert isinstance(open_store("postgres://localhost/db"), PostgreSQLStore)
+    assert open_store("postgres://localhost/db?timeout=2", timeout=3)._timeout == 3  # type: ignore[attr-defined]
+    assert PostgreSQLStore("postgresql://localhost/db").table == f'"{DEFAULT_TABLE}"'
+
+
+@pytest.mark.parametrize(
+    "table", ["", "1a", "a-b", 'a"b', "a b", "a.b.c", ".a", "a.", "x" * 56, "s" * 64 + ".t", "kv;DROP", "é"]
+)
+def test_table_must_be_an_identifier(table: str) -> None:
+    with pytest.raises(ValueError, match="table must be"):
+        PostgreSQLStore("postgresql://localhost/db", table=table)
+
+
+def test_table_names_accepted_are_quoted() -> None:
+    assert PostgreSQLStore("postgresql://h/db", table="Kv_1").table == '"Kv_1"'
+    assert PostgreSQLStore("postgresql://h/db", table="s.t").table == '"s"."t"'
+    assert PostgreSQLStore("postgresql://h/db", table="x" * 55).table == '"' + "x" * 55 + '"'
+
+
+def test_url_or_pool_not_both() -> None:
+    with pytest.raises(TypeError):
+        PostgreSQLStore()
+    with pytest.raises(TypeError):
+        PostgreSQLStore(pool=object())  # type: ignore[arg-type]
+
+
+@pg
+async def test_url_options_reach_the_server(backend: PostgreSQLBackend, namespace: str) -> None:
+    name = f"kvstores-{namespace}"
+    url = f"{backend.database_url}?sslmode=disable&application_name={name}&table={table_name(namespace)}&timeout=3"
+    async with open_store(url) as store:
+        await store.put("k", {"v": 1})
+        assert store.pool is not None
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+        assert await store.pool.fetchval(sql, name) >= 1
+        await store.destroy()
+
+
+@pg
+async def test_user_pool_is_used_and_never_closed(backend: PostgreSQLBackend, namespace: str) -> None:
+    pool = await asyncpg.create_pool(backend.database_url, min_size=1, max_size=2)
+    try:
+        with pytest.raises(TypeError):
+            PostgreSQLStore(backend.database_url, pool=pool)
+        with pytest.raises(TypeError):
+            PostgreSQLStore(pool=pool, server_settings={})
+        async with PostgreSQLStore(pool=pool, table=table_name(namespace)) as store:
+            assert store.pool is pool
+            await exercise(store)
+        assert store.closed and not pool.is_closing()
+        assert await pool.fetchval("SELECT 1") == 1
+        unclosed = PostgreSQLStore(pool=pool, table=table_name(namespace))
+        await unclosed.get("k")
+        del unclosed  # no ResourceWarning: the pool is the user's (warnings are errors here)
+    finally:
+        await pool.close()
+
+
+# -- layout ----------------------------------------------------------------------------------
+
+
+@pg
+async def test_layout_digests_full_names_text_values_and_database_clock(
+    backend: PostgreSQLBackend, store: PostgreSQLStore
+) -> None:
+    await store.put("k\x00ey", {"b": 2, "a": 1, "big": 2**80}, collection="c", ttl=100)
+    await store.put("plain", {"v": None})
+    sql = (
+        f"SELECT collection_id, key_id, collection, key, value, date_part('epoch', expires_at - now())"
+        f" FROM {store.table} ORDER BY key"
+    )
+    (rows_,) = run_sql(backend.database_url, sql)
+    by_key = {bytes(row[3]): row for row in rows_}
+    assert set(by_key) == {b"k\x00ey", b"plain", b"schema_version"}
+    collection_id, key_id, collection, _, value, remaining = by_key[b"k\x00ey"]
+    assert (collection_id, key_id) == (hashlib.sha256(b"c").digest(), hashlib.sha256(b"k\x00ey").digest())
+    assert collection == b"c"
+    assert value == '{"b":2,"a":1,"big":1208925819614629174706176}'  # the codec's text, key order kept
+    assert 99 < remaining <= 100  # now() of the database, not this process
+    assert by_key[b"plain"][5] is None
+    assert by_key[b"schema_version"][2:5] == (b"", b"schema_version", str(SCHEMA_VERSION))
+    indexes = run_sql(
+        backend.database_url, ("SELECT indexdef FROM pg_indexes WHERE tablename = $1", (store.table[1:-1],))
+    )
+    definitions = sorted(row[0] for row in indexes[0])
+    assert any("(collection_id, key_id)" in d for d in definitions)
+    assert any("(expires_at) WHERE (expires_at IS NOT NULL)" in d for d in definitions)
+
+
+@pg
+async def test_longest_multibyte_names_round_trip_and_stay_distinct(store: PostgreSQLStore) -> None:
+    collection, key = "\U0001f600" * 1024, "\U0001f601" * 1024  # 4 KiB of UTF-8 each
+    near_collection, near_key = collection[:-1] + "\U0001f602", key[:-1] + "\U0001f603"
+    pairs = [(collection, key), (collection, near_key), (near_collection, key), (near_collection, near_key)]
+    for index, (c, k) in enumerate(pairs):
+        await store.put(k, {"i": index}, collection=c)
+    for index, (c, k) in enumerate(pairs):
+        assert await store.get(k, collection=c) == {"i": index}
+        assert await store.ttl(k, collection=c) == ({"i": index}, None)
+    assert await store.get_many([key, near_key], collection=collection) == [{"i": 0}, {"i": 1}]
+    assert await store.ttl_many([near_key], collection=near_collection) == [({"i": 3}, None)]
+    assert sorted(await store.keys(collection)) == sorted([key, near_key])
+    assert sorted(await store.collections()) == sorted([collection, near_collection])
+    await store.put_many([key, near_key], [{"m": 0}, {"m": 1}], collection=near_collection, ttl=60)
+    assert await store.get_many([near_key, key], collection=near_collection) == [{"m": 1}, {"m": 0}]
+    assert await store.put_if_absent(key, {"x": 1}, collection=collection) is False
+    assert await store.update(key, lambda old: {"i": old["i"] + 10} if old else None, collection=collection) == {
+        "i": 10
+    }
+    assert await store.pop(near_key, collection=collection) == {"i": 1}
+    assert await store.get(key, collection=collection) == {"i": 10}
+    assert await store.delete_many([key, near_key, key], collection=near_collection) == 2
+    assert await store.collections() == [collection]
+    assert await store.destroy_collection(collection) is True
+    assert await store.collections() == []
+
+
+@pg
+async def test_expired_rows_are_reclaimed_by_the_sweep_and_by_cull(
+    backend: PostgreSQLBackend, namespace: str, store: PostgreSQLStore
+) -> None:
+    count = f"SELECT count(*) FROM {store.table} WHERE collection <> ''::bytea"
+    await store.put_many([f"e{i}" for i in range(20)], [{"i": i} for i in range(20)], ttl=0.05)
+    await store.put("stays", {"v": 1})
+    await anyio.sleep(0.1)
+    assert await store.get_many(["e0", "e19", "stays"]) == [None, None, {"v": 1}]  # invisible at once
+    assert await store.keys() == ["stays"]
+    assert run_sql(backend.database_url, count)[0][0][0] == 21  # not yet reclaimed (the sweep ran first)
+    await store.cull()
+    assert run_sql(backend.database_url, count)[0][0][0] == 1
+
+    sweeping = await backend.open(namespace, sweep_interval=0)  # every write sweeps
+    try:
+        await sweeping.put_many(["s1", "s2"], [{"v": 1}, {"v": 2}], ttl=0.05)
+        await anyio.sleep(0.1)
+        await sweeping.put("trigger", {"v": 1})
+        assert run_sql(backend.database_url, count)[0][0][0] == 2  # stays, trigger
+    finally:
+        await sweeping.aclose()
+
+
+@pg
+async def test_an_expired_row_is_taken_over_never_resurrected(store: PostgreSQLStore) -> None:
+    await store.put("k", {"v": "old"}, ttl=0.05)
+    await anyio.sleep(0.1)
+    assert await store.pop("k") is None
+    await store.put("k", {"v": "old"}, ttl=0.05)
+    await anyio.sleep(0.1)
+    assert await store.update("k", lambda old: {"seen": old}) == {"seen": None}
+    assert await store.ttl("k") == ({"seen": None}, None)
+    await store.put("t", {"v": 1}, ttl=0.05)
+    await anyio.sleep(0.1)
+    assert await store.put_if_absent("t", {"v": 2}, ttl=30) is True
+    value, remaining = await store.ttl("t")
+    assert value == {"v": 2} and remaining is not None and 29 < remaining <= 30
+
+
+# -- PgBouncer: no named prepared statements -----------------------------------------------
+
+
+@pg
+@pytest.mark.parametrize(("cache", "named"), [(0, False), (100, True)])
+async def test_statement_cache_size(backend: PostgreSQLBackend, namespace: str, cache: int, named: bool) -> None:
+    url, options = backend.url(namespace)
+    store = open_store(f"{url}?statement_cache_size={cache}&max_connections=1", **options)
+    assert isinstance(store, PostgreSQLStore)
+    try:
+        for _ in range(2):  # the second run would reuse what the first prepared
+            await exercise(store)
+        assert store.pool is not None
+        async with store.pool.acquire() as connection:  # the pool's one connection: the one used above
+            prepared = await connection.fetchval("SELECT count(*) FROM pg_prepared_statements")
+        assert (prepared > 0) is named
+    finally:
+        await store.aclose()
+
+
+# -- schema: first use, privileges, versions -------------------------------------------------
+
+
+@pg
+def test_concurrent_first_use_by_several_processes_creates_the_schema_once(
+    backend: PostgreSQLBackend, namespace: str
+) -> None:
+    workers = 5
+    context = multiprocessing.get_context("spawn")
+    for round_ in range(3):
+        table = f"{table_name(namespace)[:40]}_{round_}"
+        barrier = context.Barrier(workers, timeout=120)
+        results = context.Queue()
+        processes = [
+            context.Process(target=first_use, args=(backend.database_url, table, worker, barrier, results))
+            for worker in range(workers)
+        ]
+        for process in processes:
+            process.start()
+        try:
+            outcomes = dict(results.get(timeout=120) for _ in processes)
+        finally:
+            for process in processes:
+                process.join(timeout=30)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+            results.close()
+        assert outcomes == dict.fromkeys(range(workers)), outcomes
+        (counts,) = run_sql(
+            backend.database_url,
+            f"SELECT count(*) FILTER (WHERE collection = ''::bytea), count(*) FILTER (WHERE collection = 'default')"
+            f' FROM "{table}"',
+        )
+        assert tuple(counts[0]) == (1, workers)
+
+
+@pg
+async def test_least_privilege_role_that_owns_only_its_table(backend: PostgreSQLBackend) -> None:
+    role = f"kvstores_lp_{uuid.uuid4().hex[:10]}"
+    admin = backend.database_url
+    database = urlsplit(admin).path.lstrip("/")
+    run_sql(
+        admin,
+        f'CREATE ROLE "{role}" LOGIN',
+        f'CREATE SCHEMA "{role}_app"',  # the admin's: the role may use it, not create in it
+        f'GRANT USAGE ON SCHEMA "{role}_app" TO "{role}"',
+        f'CREATE SCHEMA "{role}_own" AUTHORIZATION "{role}"',
+    )
+    try:
+        (privileges,) = run_sql(
+            admin,
+            (
+                "SELECT has_database_privilege($1, $2, 'CREATE'), has_schema_privilege($1, 'public', 'CREATE'),"
+                " has_schema_privilege($1, $3, 'CREATE')",
+                (role, database, f"{role}_app"),
+            ),
+        )
+        assert tuple(privileges[0]) == (False, False, False)
+        table = f"{role}_app.entries"
+        async with PostgreSQLStore(admin, table=table) as creator:  # an admin creates it once...
+            await creator.get("k")
+        run_sql(admin, f'ALTER TABLE "{role}_app".entries OWNER TO "{role}"')  # ...and hands it over
+
+        as_role = with_user(admin, role)
+        async with PostgreSQLStore(as_role, table=table) as store:
+            await exercise(store)
+        async with PostgreSQLStore(as_role, table=f"{role}_own.entries") as store:  # its own schema: creates
+            await exercise(store)
+        for elsewhere in (f"{role}_app.other", "public.other", "other"):
+            async with PostgreSQLStore(as_role, table=elsewhere) as store:
+                with pytest.raises(KVStoreError, match="permission denied") as caught:
+                    await store.get("k")
+                assert isinstance(caught.value.__cause__, asyncpg.InsufficientPrivilegeError)
+    finally:
+        run_sql(admin, f'DROP SCHEMA "{role}_app" CASCADE', f'DROP SCHEMA "{role}_own" CASCADE', f'DROP ROLE "{role}"')
+
+
+@pg
+async def test_destroy_deletes_only_its_own_rows(
+    backend: PostgreSQLBackend, namespace: str, store: PostgreSQLStore
+) -> None:
+    neighbour = f'"{table_name(namespace)[:40]}_neighbour"'
+    run_sql(backend.database_url, f"CREATE TABLE {neighbour} (id int)", f"INSERT INTO {neighbour} VALUES (1), (2)")
+    other = await backend.open(namespace + "_other")
+    try:
+        await store.put_many(["a", "b"], [{"v": 1}, {"v": 2}], collection="c")
+        await other.put("a", {"v": "other"}, collection="c")
+        assert await store.destroy() is True
+        assert await store.destroy() is False
+        assert run_sql(backend.database_url, f"SELECT count(*) FROM {neighbour}")[0][0][0] == 2
+        assert await other.get("a", collection="c") == {"v": "other"}
+        version = f"SELECT value FROM {store.table}"
+        assert [row[0] for row in run_sql(backend.database_url, version)[0]] == [str(SCHEMA_VERSION)]
+        await store.put("again", {"v": 3})  # the table is still there
+        assert await store.get("again") == {"v": 3}
+    finally:
+        await other.destroy()
+        await other.aclose()
+
+
+@pg
+async def test_other_schema_version_or_foreign_table_is_a_clear_error(
+    backend: PostgreSQLBackend, namespace: str, store: PostgreSQLStore
+) -> None:
+    await store.put("k", {"v": 1})
+    set_version = f"UPDATE {store.table} SET value = $1 WHERE collection = ''::bytea"
+    run_sql(backend.database_url, (set_version, ("2",)))
+    try:
+        later = await backend.open(namespace)
+        with pytest.raises(KVStoreError, match="schema version 2; this kvstores reads version 1"):
+            await later.get("k")
+        await later.aclose()
+    finally:
+        run_sql(backend.database_url, (set_version, (str(SCHEMA_VERSION),)))
+
+    foreign = f"{table_name(namespace)[:40]}_foreign"
+    run_sql(backend.database_url, f'CREATE TABLE "{foreign}" (id int)', f'INSERT INTO "{foreign}" VALUES (1)')
+    async with PostgreSQLStore(backend.database_url, table=foreign) as alien:
+        with pytest.raises(KVStoreError) as caught:
+            await alien.destroy()
+        assert isinstance(caught.value.__cause__, asyncpg.PostgresError)
+    assert run_sql(backend.database_url, f'SELECT count(*) FROM "{foreign}"')[0][0][0] == 1
+
+
+# -- timeouts on the machine's server ------------------------------------------------------
+
+
+@pg
+async def test_pool_exhausted_raises_connection_error_within_timeout(
+    backend: PostgreSQLBackend, namespace: str
+) -> None:
+    store = await backend.open(namespace, max_connections=1, timeout=0.5)
+    try:
+        await store.put("k", {"v": 1})
+        assert store.pool is not None
+        async with store.pool.acquire():  # someone holds the only connection
+            started = time.monotonic()
+            with pytest.raises(StoreConnectionError) as caught:
+                await store.get("k")
+            assert time.monotonic() - started < 0.5 + 1.5
+            assert isinstance(caught.value.__cause__, TimeoutError)
+        assert await store.get("k") == {"v": 1}
+    finally:
+        await store.destroy()
+        await store.aclose()
+
+
+@pg
+async def test_statement_blocked_by_a_lock_times_out(backend: PostgreSQLBackend, namespace: str) -> None:
+    client_side = await backend.open(namespace, timeout=0.5)
+    server_side = await backend.open(namespace, timeout=5, server_settings={"statement_timeout": "200"})
+    locker = await asyncpg.connect(backend.database_url)
+    try:
+        await client_side.put("k", {"v": 1})
+        assert await server_side.get("k") == {"v": 1}
+        async with locker.transaction():
+            await locker.execute(f"LOCK TABLE {client_side.table} IN ACCESS EXCLUSIVE MODE")
+            for store, within, cause in [
+                (client_side, 0.5, TimeoutError),  # the store's own deadline
+                (server_side, 0.2, asyncpg.QueryCanceledError),  # the server's statement_timeout
+            ]:
+                started = time.monotonic()
+                with pytest.raises(StoreConnectionError) as caught:
+                    await store.put("k", {"v": 2})
+                assert time.monotonic() - started < within + 1.5
+                assert isinstance(caught.value.__cause__, cause)
+        assert await client_side.get("k") == {"v": 1}
+        assert await server_side.pop("k") == {"v": 1}
+    finally:
+        await locker.close()
+        await client_side.destroy()
+        await client_side.aclose()
+        await server_side.aclose()
+
+
+async def test_nothing_listening_raises_connection_error_within_timeout() -> None:
+    async with PostgreSQLStore(f"postgresql://postgres@127.0.0.1:{free_port()}/db", timeout=TIMEOUT) as store:
+        operations: list[Callable[[], Awaitable[Any]]] = [lambda: store.get("k"), lambda: store.put("k", {"v": 1})]
+        await assert_connection_errors(operations, TIMEOUT + 1, OSError)
+
+
+# -- faults on a private server --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def private_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of this module's own (initdb'd once), running at the start of each test."""
+    try:
+        server = PostgresServer()
+    except Unavailable as exc:
+        skip_or_fail("postgresql", f"no private PostgreSQL server: {exc}")
+    try:
+        server.init()
+        server.start()
+    except Unavailable as exc:
+        server.remove()
+        skip_or_fail("postgresql", f"no private PostgreSQL server: {exc}")
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+async def fault_store(private_server: PostgresServer) -> AsyncIterator[PostgreSQLStore]:
+    """A store on the private server whose calls time out after TIMEOUT seconds."""
+    if not (private_server.data / "postmaster.pid").exists():
+        await anyio.to_thread.run_sync(private_server.start)
+    store = PostgreSQLStore(private_server.url, timeout=TIMEOUT, table=f"t{uuid.uuid4().hex[:12]}")
+    yield store
+    await store.aclose()
+
+
+async def _until_back(store: PostgreSQLStore, key: str) -> Any:
+    """``store.get(key)`` once the server answers again (at most 15 s)."""
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            return await store.get(key)
+        except StoreConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            await anyio.sleep(0.1)
+
+
+async def test_server_stopped_mid_run_then_restarted(
+    private_server: PostgresServer, fault_store: PostgreSQLStore
+) -> None:
+    store = fault_store
+    keys = [f"k{i}" for i in range(100)]
+    await store.put_many(keys, [{"i": i} for i in range(100)])
+    seen: list[BaseException] = []
+    stopping = asyncio.Event()
+
+    async def load(worker: int) -> None:
+        for n in range(100_000):  # bounded: the test sets ``stopping`` within seconds
+            if stopping.is_set():
+                return
+            try:
+                if n % 2:
+                    await store.get(keys[(worker + n) % 100])
+                else:
+                    await store.put(f"load{worker}", {"n": n})
+            except StoreConnectionError as exc:
+                seen.append(exc)
+                await anyio.sleep(0.01)
+
+    loaders = [asyncio.create_task(load(worker)) for worker in range(4)]
+    await anyio.sleep(0.3)
+    await anyio.to_thread.run_sync(private_server.stop)  # clients disconnected mid-call
+    operations: list[Callable[[], Awaitable[Any]]] = [
+        lambda: store.get("k1"),
+        lambda: store.put("k1", {"i": -1}),
+        lambda: store.get_many(keys),
+        lambda: store.put_many(keys[:2], [{}, {}]),
+        lambda: store.pop("k3"),
+        lambda: store.update("k4", lambda old: old),
+        lambda: store.keys(),
+    ]
+    await assert_connection_errors(operations, TIMEOUT + 3, DRIVER_ERRORS)
+    stopping.set()
+    await asyncio.gather(*loaders)  # any other exception in a loader fails the test here
+    assert seen and all(isinstance(exc.__cause__, DRIVER_ERRORS) for exc in seen)
+
+    await anyio.to_thread.run_sync(private_server.start)
+    assert await _until_back(store, "k2") == {"i": 2}  # the same store object
+    await store.put("k1", {"i": 1})
+    assert await store.get_many(keys[:5]) == [{"i": i} for i in range(5)]
+    assert await store.pop("k3") == {"i": 3}
+    assert await store.update("k4", lambda old: {"i": old["i"] * 10} if old else None) == {"i": 40}
+
+
+async def test_server_crash_then_restart(private_server: PostgresServer, fault_store: PostgreSQLStore) -> None:
+    store = fault_store
+    await store.put("k", {"v": 1})
+    await anyio.to_thread.run_sync(private_server.stop, "immediate")
+    await assert_connection_errors([lambda: store.get("k")], TIMEOUT + 3, DRIVER_ERRORS)
+    await anyio.to_thread.run_sync(private_server.start)
+    assert await _until_back(store, "k") == {"v": 1}
+
+
+async def test_store_made_while_the_server_is_down_works_once_it_is_up(private_server: PostgresServer) -> None:
+    await anyio.to_thread.run_sync(private_server.stop)
+    store = PostgreSQLStore(private_server.url, timeout=TIMEOUT, table="late")
+    try:
+        await assert_connection_errors([lambda: store.put("k", {"v": 1})], TIMEOUT + 3, DRIVER_ERRORS)
+        await anyio.to_thread.run_sync(private_server.start)
+        assert await _until_back(store, "k") is None
+        await store.put("k", {"v": 1})
+        assert await store.get("k") == {"v": 1}
+    finally:
+        await store.aclose()
+
+
+# -- a writer killed with SIGKILL ------------------------------------------------------------
+
+KILLS = 8
+
+
+def _batches(url: str, table: str) -> dict[str, dict[str, int]]:
+    """The ``batches`` collection as key -> value ({} before the table exists)."""
+    (exists,) = run_sql(url, ("SELECT to_regclass($1) IS NOT NULL", (f'"{table}"',)))
+    if not exists[0][0]:
+        return {}
+    (found,) = run_sql(url, f"SELECT key, value FROM \"{table}\" WHERE collection = 'batches'")
+    return {bytes(key).decode(): json.loads(value) for key, value in found}
+
+
+def _newest_whole_batch(entries: dict[str, dict[str, int]]) -> int:
+    """Check that every batch is whole and the shared keys hold the newest; return it (-1: none)."""
+    generations: dict[int, int] = {}
+    for key, value in entries.items():
+        if not key.startswith("shared/"):
+            generations[value["generation"]] = generations.get(value["generation"], 0) + 1
+    torn = {generation: count for generation, count in generations.items() if count != BATCH_KEYS}
+    assert not torn, f"torn batches (generation: keys present): {torn}"
+    newest = max(generations, default=-1)
+    if newest >= 0:
+        keys, values = batch(newest)
+        assert {key: entries.get(key) for key in keys} == dict(zip(keys, values))
+    return newest
+
+
+@pg
+def test_sigkilled_writer_never_leaves_a_partial_put_many(backend: PostgreSQLBackend, namespace: str) -> None:
+    url, options = backend.url(namespace)
+    table = options["table"]
+    seed = int.from_bytes(os.urandom(4), "big")
+    rng = random.Random(seed)
+    newest, writes_interrupted = -1, 0
+    for kill in range(KILLS):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.postgresql", "crash", url, table, str(newest + 1)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        first = ""
+        if kill % 2:  # let it write, then kill it mid-loop
+            ready, _, _ = select.select([child.stdout], [], [], 30)
+            first = child.stdout.readline() if ready else ""
+            time.sleep(rng.uniform(0, 0.05))
+        else:  # anywhere from start-up (creating the table) to writing
+            time.sleep(rng.uniform(0, 0.6))
+        child.kill()
+        output = first + child.communicate(timeout=30)[0]
+        assert child.returncode == -9, f"seed {seed}, kill {kill}: child exited with {child.returncode}: {output}"
+        acknowledged = [int(line) for line in output.split("\n")[:-1]]
+        writes_interrupted += bool(acknowledged)
+        newest = max(newest, _newest_whole_batch(_batches(backend.database_url, table)))
+        assert max(acknowledged, default=-1) <= newest, f"seed {seed}, kill {kill}: an acknowledged batch was lost"
+    assert writes_interrupted >= KILLS // 2, "too few kills interrupted a writing child to test anything"
