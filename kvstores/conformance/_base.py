@@ -18,7 +18,15 @@ import pytest
 
 from kvstores.protocol import CAPABILITIES, capabilities
 
-__all__ = ["Conformance", "abstract_fixture", "missing", "optional_fixture", "required_by", "requires"]
+__all__ = [
+    "Conformance",
+    "StoreConformance",
+    "abstract_fixture",
+    "missing",
+    "optional_fixture",
+    "required_by",
+    "requires",
+]
 
 Check = TypeVar("Check", bound=Callable[..., Awaitable[None]])
 
@@ -110,3 +118,13 @@ class Conformance:
                 pytest.skip(missing(name))
             if self.capabilities is not None and name not in self.capabilities:
                 pytest.skip(f"{type(self).__name__}.capabilities leaves out {name!r}")
+
+
+class StoreConformance(Conformance):
+    """Base of the suites that check a store: the ``store`` and ``peer_store`` fixtures they take."""
+
+    store = abstract_fixture("The store under test, on an empty namespace: override this fixture.")
+    peer_store = optional_fixture(
+        "A second store object on the same namespace as ``store``: override to enable.",
+        "no peer_store fixture: the checks across two store objects are not run",
+    )

@@ -30,7 +30,7 @@ from contextlib import AsyncExitStack
 from typing import Any, ClassVar
 
 from kvstores._optional import missing_extra
-from kvstores.conformance._base import Conformance, abstract_fixture, optional_fixture
+from kvstores.conformance._base import StoreConformance
 from kvstores.harness import FASTMCP_STATE_COLLECTION, FASTMCP_STATE_TTL, connected_client, state_server
 
 try:
@@ -51,7 +51,7 @@ async def _session_id(client: Client[Any]) -> str:
     return str(info["session_id"])
 
 
-class SessionStateConformance(Conformance):
+class SessionStateConformance(StoreConformance):
     """A store plugged into FastMCP keeps session state right; subclass it with a ``store`` fixture.
 
     ``store`` must yield a store on an empty, isolated namespace; ``peer_store`` (optional)
@@ -65,12 +65,6 @@ class SessionStateConformance(Conformance):
     """Seconds of slack allowed when checking the TTL FastMCP wrote."""
     concurrent_sessions: ClassVar[int] = 200
     """Sessions the concurrency check runs at once."""
-
-    store = abstract_fixture("The store under test, on an empty namespace: override this fixture.")
-    peer_store = optional_fixture(
-        "A second store object on the same namespace as ``store``: override to enable.",
-        "no peer_store fixture: restart and sharing across store objects not checked",
-    )
 
     # -- handshake sessions: ctx.set_state / ctx.get_state ----------------------------
 

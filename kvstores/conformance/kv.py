@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import pytest
 
 from kvstores import MAX_KEY_LENGTH, MAX_TTL_SECONDS, MAX_VALUE_BYTES
-from kvstores.conformance._base import Conformance, abstract_fixture, optional_fixture, requires
+from kvstores.conformance._base import StoreConformance, requires
 from kvstores.errors import (
     InvalidKeyError,
     InvalidTTLError,
@@ -154,7 +154,7 @@ def assert_same(actual: Any, expected: Any) -> None:
     assert typed(actual) == typed(expected)
 
 
-class AsyncKeyValueConformance(Conformance):
+class AsyncKeyValueConformance(StoreConformance):
     """The kvstores key-value contract (README, "Semantics"); subclass it with a ``store`` fixture."""
 
     max_value_bytes: ClassVar[int | None] = MAX_VALUE_BYTES
@@ -163,12 +163,6 @@ class AsyncKeyValueConformance(Conformance):
     """Seconds of slack allowed on remaining-time checks."""
     large_batch: ClassVar[int] = 10_000
     """Keys in one bulk call for the large-batch checks."""
-
-    store = abstract_fixture("The store under test, on an empty namespace: override this fixture.")
-    peer_store = optional_fixture(
-        "A second store object on the same namespace as ``store``: override to enable.",
-        "no peer_store fixture: cross-object visibility not checked",
-    )
 
     # -- basics ----------------------------------------------------------------------
 

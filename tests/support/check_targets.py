@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, SupportsFloat
+import inspect
+from typing import Any
 
-from kvstores import MemoryStore
+from kvstores import AsyncKeyValue, MemoryStore
+
+_CORE = {name for name, value in vars(AsyncKeyValue).items() if inspect.isfunction(value) and not name.startswith("_")}
 
 
 def py_key_value_memory_store() -> Any:
@@ -16,45 +18,15 @@ def py_key_value_memory_store() -> Any:
 
 
 class CoreOnly:
-    """A store with the core protocol only (no keys(), cull(), aclose(), atomic operations...)."""
+    """A store with the core protocol only: no keys(), cull(), aclose(), atomic operations..."""
 
     def __init__(self) -> None:
         self._store = MemoryStore()
 
-    async def get(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
-        return await self._store.get(key, collection=collection)
-
-    async def ttl(self, key: str, *, collection: str | None = None) -> tuple[dict[str, Any] | None, float | None]:
-        return await self._store.ttl(key, collection=collection)
-
-    async def put(
-        self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: SupportsFloat | None = None
-    ) -> None:
-        await self._store.put(key, value, collection=collection, ttl=ttl)
-
-    async def delete(self, key: str, *, collection: str | None = None) -> bool:
-        return await self._store.delete(key, collection=collection)
-
-    async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[dict[str, Any] | None]:
-        return await self._store.get_many(keys, collection=collection)
-
-    async def ttl_many(
-        self, keys: Sequence[str], *, collection: str | None = None
-    ) -> list[tuple[dict[str, Any] | None, float | None]]:
-        return await self._store.ttl_many(keys, collection=collection)
-
-    async def put_many(
-        self,
-        keys: Sequence[str],
-        values: Sequence[Mapping[str, Any]],
-        *,
-        collection: str | None = None,
-        ttl: SupportsFloat | None = None,
-    ) -> None:
-        await self._store.put_many(keys, values, collection=collection, ttl=ttl)
-
-    async def delete_many(self, keys: Sequence[str], *, collection: str | None = None) -> int:
-        return await self._store.delete_many(keys, collection=collection)
+    def __getattr__(self, name: str) -> Any:
+        if name in _CORE:
+            return getattr(self._store, name)
+        raise AttributeError(name)
 
 
 def core_only() -> CoreOnly:
