@@ -129,6 +129,16 @@ _UNREACHABLE = (
     pg_errors.InternalClientError,  # a connection the server dropped, caught mid-protocol
 )
 
+_BROKEN = (  # errors after which a connection may be unusable (a clean SQL error leaves it fine)
+    OSError,
+    pg_errors.PostgresConnectionError,
+    pg_errors.AdminShutdownError,
+    pg_errors.CrashShutdownError,
+    pg_errors.IdleSessionTimeoutError,
+    pg_errors.InternalClientError,
+    pg_errors.InterfaceError,
+)
+
 
 class _Translated:
     """Translate asyncpg errors: the one place this backend does it."""
@@ -397,12 +407,12 @@ class PostgreSQLStore(BaseStore):
                 connection = await pool.acquire()
                 try:
                     return await getattr(connection, kind)(sql, *args)
-                except BaseException as exc:
-                    if not isinstance(exc, pg_errors.PostgresError) or isinstance(exc, _UNREACHABLE):
-                        # not a clean SQL error: the connection may be broken, or still busy with a
-                        # cancelled statement; drop it (the pool connects anew) instead of resetting it
-                        with contextlib.suppress(pg_errors.InterfaceError):  # already dropped by asyncpg
-                            connection.terminate()
+                except _BROKEN:
+                    # the connection may be left mid-protocol: drop it (the pool connects anew),
+                    # since the pool's reset no longer probes it (a cancelled statement is another
+                    # matter: asyncpg cancels it on the server and release() waits for that)
+                    with contextlib.suppress(pg_errors.InterfaceError):  # already dropped by asyncpg
+                        connection.terminate()
                     raise
                 finally:
                     await pool.release(connection, timeout=self._timeout)
