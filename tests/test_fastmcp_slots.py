@@ -234,7 +234,7 @@ class CountingServer:
     def __init__(self, cache_storage: Any, ttl: int) -> None:
         self.runs = 0
         self.server: FastMCP[Any] = FastMCP("caching-slot")
-        settings = CallToolSettings(ttl=ttl)
+        settings: CallToolSettings = {"ttl": ttl}
         self.server.add_middleware(ResponseCachingMiddleware(cache_storage=cache_storage, call_tool_settings=settings))
 
         @self.server.tool

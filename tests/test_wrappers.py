@@ -122,7 +122,7 @@ async def test_ttl_is_kept_and_expires(wrapped: Any) -> None:
     assert value == LARGE and ttl is not None and 0 < ttl <= 0.5
 
     async def expired() -> bool:
-        return await wrapped.get_many(["short", "m1", "m2"]) == [None, None, None]
+        return bool(await wrapped.get_many(["short", "m1", "m2"]) == [None, None, None])
 
     await eventually(expired)
     assert await wrapped.ttl("short") == (None, None)
