@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,22 @@ def test_url_forms() -> None:
     assert SQLiteStore.from_url("sqlite:///with%20space.db?timeout=2")._timeout == 2.0
     with pytest.raises(ValueError, match=r"sqlite:///relative\.db"):
         SQLiteStore.from_url("sqlite://host/state.db")
+
+
+async def test_opening_waits_for_a_writer_before_switching_to_wal(tmp_path: Path) -> None:
+    """Switching a file to WAL does not wait on busy_timeout: a store opened while another
+    connection writes to a not-yet-WAL file retries the switch instead of failing at once."""
+    path = tmp_path / "busy.db"
+    writer = sqlite3.connect(path, isolation_level=None)
+    try:
+        writer.execute("CREATE TABLE other (x)")
+        writer.execute("BEGIN IMMEDIATE")
+        writer.execute("INSERT INTO other VALUES (1)")
+        asyncio.get_running_loop().call_later(0.3, writer.execute, "COMMIT")
+        async with SQLiteStore(path, timeout=3) as store:
+            await store.put("k", {"v": 1})
+            assert await store.get("k") == {"v": 1}
+    finally:
+        writer.close()
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

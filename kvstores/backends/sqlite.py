@@ -105,10 +105,30 @@ def _create_schema(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT value FROM kvstores_meta WHERE name = 'schema_version'").fetchone()[0])
 
 
+def _enable_wal(timeout: float, conn: sqlite3.Connection) -> None:
+    """Put the file in WAL mode (a property of the file: usually done by its first opener).
+
+    Switching needs the file to itself and does not wait on ``busy_timeout``: while another
+    connection writes, it fails at once (or reports the old mode), so it is retried until
+    ``timeout``. Reading the mode first spares every later opener the switch.
+    """
+    deadline = time.monotonic() + timeout
+    while str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+        try:
+            if str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower() == "wal":
+                return
+        except sqlite3.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise sqlite3.OperationalError("could not switch the database to WAL mode: it stayed busy")
+        time.sleep(0.01)
+
+
 def _setup(timeout: float, wal: bool, conn: sqlite3.Connection) -> int:
     conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
     if wal:
-        conn.execute("PRAGMA journal_mode = WAL")
+        _enable_wal(timeout, conn)
         conn.execute("PRAGMA synchronous = NORMAL")
     return _transaction(_create_schema, None, conn)
 
