@@ -80,7 +80,7 @@ async def exercise(store: PostgreSQLStore) -> None:
 def test_url_store_options_are_taken_out_and_the_rest_goes_to_asyncpg() -> None:
     store = open_store(
         "postgresql://user:secret@db.example:6543/app?sslmode=verify-full&table=app.kv&timeout=2.5"
-        "&application_name=x&max_connections=3&statement_cache_size=0&sweep_interval=9&default_collection=c"
+        "&application_name=x&max_connections=3&statement_cache_size=0&sweep_interval=9&default_collection=c&batching=off"
     )
     assert isinstance(store, PostgreSQLStore)
     assert store._url is not None
@@ -93,6 +93,7 @@ def test_url_store_options_are_taken_out_and_the_rest_goes_to_asyncpg() -> None:
     assert store._pool_options["statement_cache_size"] == 0
     assert store._sweep_interval == 9
     assert store.default_collection == "c"
+    assert store.batching is False
     assert isinstance(open_store("postgres://localhost/db"), PostgreSQLStore)
     assert open_store("postgres://localhost/db?timeout=2", timeout=3)._timeout == 3  # type: ignore[attr-defined]
     assert PostgreSQLStore("postgresql://localhost/db").table == f'"{DEFAULT_TABLE}"'

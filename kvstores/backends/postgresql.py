@@ -50,7 +50,8 @@ above and insert the version row), then ``ALTER TABLE ... OWNER TO`` the applica
 
 URLs: ``postgresql://user:password@host:5432/database`` (or ``postgres://``), passed to
 asyncpg unchanged apart from the store's own query options (``table``, ``timeout``,
-``max_connections``, ``statement_cache_size``, ``sweep_interval``, ``default_collection``), so
+``max_connections``, ``statement_cache_size``, ``sweep_interval``, ``default_collection``,
+``batching``), so
 libpq-style options work (``?sslmode=verify-full``, ``?sslrootcert=...``,
 ``?target_session_attrs=read-write``) and any other query option is a server setting
 (``?search_path=app``).
@@ -61,7 +62,9 @@ whole: waiting for a free pool connection, connecting and the statement; past it
 the server refuses, shuts down or cancels the statement, StoreConnectionError);
 ``max_connections`` (default 10: the pool's size); ``statement_cache_size`` (default 100;
 set 0 behind PgBouncer in transaction mode: asyncpg then uses unnamed statements, which
-costs a second round trip per call); ``sweep_interval``; ``default_collection``; other
+costs a second round trip per call); ``sweep_interval``; ``default_collection``; ``batching``
+(concurrent single-key gets and puts ride together in one statement; on unless
+``KVSTORES_BATCHING=off``); other
 keyword options go to ``asyncpg.create_pool`` (e.g. ``ssl=``, ``server_settings=``). Or
 pass ``pool=`` an ``asyncpg.Pool`` you own: the store never closes it, and its own settings
 (size, statement cache) apply. The database should use the UTF8 encoding.
@@ -81,10 +84,9 @@ import time
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from kvstores._optional import missing_extra
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, split_url_options
 from kvstores.errors import KVStoreError, StoreConnectionError
 
 try:
@@ -177,21 +179,6 @@ def _quoted_table(table: str) -> tuple[str, str]:
             f" characters), got {table!r}"
         )
     return ".".join(f'"{part}"' for part in parts), f'"{name}_expiry"'
-
-
-def _split_store_options(url: str) -> tuple[str, dict[str, Any]]:
-    """Take kvstores' own options out of the URL's query; leave everything else as it is."""
-    parts = urlsplit(url)
-    rest: list[tuple[str, str]] = []
-    options: dict[str, Any] = {}
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name in _STORE_QUERY_OPTIONS:
-            options[name] = _STORE_QUERY_OPTIONS[name](value)
-        else:
-            rest.append((name, value))
-    if options:
-        url = urlunsplit(parts._replace(query=urlencode(rest)))
-    return url, options
 
 
 async def _keep_session(connection: asyncpg.Connection[Any]) -> None:
@@ -307,9 +294,10 @@ class PostgreSQLStore(BaseStore):
         statement_cache_size: int = 100,
         sweep_interval: float = 60.0,
         default_collection: str = DEFAULT_COLLECTION,
+        batching: bool | None = None,
         **pool_options: Any,
     ) -> None:
-        super().__init__(default_collection=default_collection)
+        super().__init__(default_collection=default_collection, batching=batching)
         if (url is None) == (pool is None):
             raise TypeError("PostgreSQLStore needs either a URL or pool=, not both")
         if pool is not None and not isinstance(pool, asyncpg.Pool):
@@ -342,7 +330,7 @@ class PostgreSQLStore(BaseStore):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PostgreSQLStore:
         """Open ``postgresql://user:password@host:port/database?sslmode=...`` (or ``postgres://``)."""
-        url, query = _split_store_options(url)
+        url, query = split_url_options(url, _STORE_QUERY_OPTIONS)
         return cls(url, **{**query, **options})
 
     # -- connection ------------------------------------------------------------------
