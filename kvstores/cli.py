@@ -25,9 +25,9 @@ from kvstores._optional import missing_extra
 __all__ = ["SUITES", "main"]
 
 SUITES: dict[str, tuple[tuple[str, str], ...]] = {
-    "kv": (("pytest", "cli"), ("anyio", "cli")),
-    "events": (("pytest", "cli"), ("anyio", "cli"), ("mcp", "mcp")),
-    "fastmcp": (("pytest", "cli"), ("anyio", "cli"), ("fastmcp", "fastmcp")),
+    "kv": (("pytest", "check"), ("anyio", "check")),
+    "events": (("pytest", "check"), ("anyio", "check"), ("mcp", "mcp")),
+    "fastmcp": (("pytest", "check"), ("anyio", "check"), ("fastmcp", "fastmcp")),
 }
 """Each suite ``kvstores check`` runs, and the (package, extra) pairs it needs."""
 

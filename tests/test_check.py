@@ -97,7 +97,7 @@ def test_a_bad_target_is_one_line_and_exit_2(target: str, says: str, tmp_path: P
 
 @pytest.mark.parametrize(
     ("suite", "blocked", "extra"),
-    [("fastmcp", "fastmcp", "fastmcp"), ("events", "mcp", "mcp"), ("kv", "pytest", "cli")],
+    [("fastmcp", "fastmcp", "fastmcp"), ("events", "mcp", "mcp"), ("kv", "pytest", "check")],
 )
 def test_a_missing_extra_is_one_line_and_exit_2(suite: str, blocked: str, extra: str) -> None:
     result = kvstores("check", "--suite", suite, "memory://", blocked=blocked)

@@ -65,23 +65,8 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float = 10.0)
         await asyncio.sleep(0.1)
 
 
-FALSY_WHEN_EMPTY = (
-    "kvstores bug: an empty MemoryStore is falsy (it defines __len__ and no __bool__), and FastMCP takes "
-    "`cache_storage or MemoryStore()` / `storage or MemoryStore()` / `token_storage or MemoryStore()`, "
-    "so it silently uses its own in-memory store instead; fix: MemoryStore.__bool__ returning True"
-)
-
-
-def require_truthy(store: Any) -> None:
-    """Expect the known failure of a store that FastMCP's ``storage or MemoryStore()`` would drop."""
-    if not store:
-        pytest.xfail(FALSY_WHEN_EMPTY)
-
-
-async def test_an_empty_store_is_truthy(backend: Backend, store: Any, request: pytest.FixtureRequest) -> None:
+async def test_an_empty_store_is_truthy(store: Any) -> None:
     """FastMCP picks its default with ``storage or MemoryStore()``: an empty store must not be falsy."""
-    if backend.name == "memory":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=FALSY_WHEN_EMPTY))
     assert bool(store)
 
 
@@ -251,7 +236,6 @@ class CountingServer:
 
 
 async def test_response_cache_lives_in_the_store_and_expires(store: Any) -> None:
-    require_truthy(store)
     server = CountingServer(store, ttl=1)
     assert [await server.call(), await server.call(), await server.call("b")] == [1, 1, 2]
     cached = {
@@ -315,7 +299,6 @@ async def run_long_task(url: str) -> list[tuple[str, str]]:
 async def test_event_store_resumes_from_the_store_and_a_new_store_object_replays(
     backend: Backend, namespace: str, store: Any
 ) -> None:
-    require_truthy(store)
     events = RecordingEventStore(store, ttl=60)
     async with serving(fastmcp_server().http_app(event_store=events, retry_interval=RECONNECT_MS)) as url:
         assert await run_long_task(url) == expected_notes()
@@ -339,7 +322,6 @@ async def test_event_store_resumes_from_the_store_and_a_new_store_object_replays
 
 
 async def test_event_store_entries_expire_on_time(store: Any) -> None:
-    require_truthy(store)
     events = RecordingEventStore(store, ttl=1)
     async with serving(fastmcp_server().http_app(event_store=events)) as url, Client(url, mode="legacy") as client:
         assert (await client.call_tool("echo", {"text": "hi"})).data == "hi"

@@ -68,6 +68,10 @@ class MemoryStore(BaseStore):
         """The number of entries held, including expired ones not yet reclaimed."""
         return len(self._cache)
 
+    def __bool__(self) -> bool:
+        """Always true, even when empty: ``store or default`` (as FastMCP writes) must keep the store."""
+        return True
+
     def _live(self, collection: str, key: str, now: float) -> _Entry | None:
         """The entry of (collection, key), or None; an expired entry is removed on the way."""
         pair = (collection, key)
