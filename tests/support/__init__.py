@@ -30,7 +30,9 @@ A table entry (a :class:`Backend` subclass) implements:
 - ``url(namespace) -> (url, options)``: a URL and constructor options with which
   ``kvstores.open_store(url, **options)``, in this or another process, opens a store on
   ``namespace``: an isolated space (a key prefix, a database table or collection, a file) no
-  other namespace sees. Two stores opened on one namespace share their data.
+  other namespace sees. Two stores opened on one namespace share their data. A namespace is
+  ``t`` + 12 hex digits, possibly followed by one of ``x``, ``*``, ``[x]`` or ``}`` (the tenants
+  test in test_adversarial.py): quote or map it where the backend's names forbid such characters.
 - ``open(namespace, **options)`` (async): a new store object on ``namespace``; ``options``
   override the store's constructor options. The default opens ``url(namespace)``; override it
   only to hand the store something a URL cannot carry (a client object).
