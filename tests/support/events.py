@@ -122,7 +122,8 @@ def sdk_app(event_store: EventStore) -> Starlette:
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         if params.name == "echo":
-            return types.CallToolResult(content=[types.TextContent(type="text", text=str(params.arguments["text"]))])
+            text = str((params.arguments or {})["text"])
+            return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
         for step in range(1, STEPS + 1):
             await ctx.session.report_progress(step, STEPS, f"step {step}")
             await ctx.session.send_log_message("info", {"msg": f"log {step}"}, related_request_id=ctx.request_id)
