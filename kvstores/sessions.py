@@ -63,7 +63,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -261,7 +261,8 @@ class SessionRegistry:
 
     async def get(self, session_id: str) -> SessionRecord | None:
         """The record of ``session_id``, None when there is none (never registered, or expired)."""
-        stored = await self.store.get(session_id, collection=self.collection)
+        with _readable(session_id):
+            stored = await self.store.get(session_id, collection=self.collection)
         return None if stored is None else SessionRecord.from_json(session_id, stored)
 
     async def touch(self, session_id: str) -> SessionRecord | None:
@@ -277,7 +278,8 @@ class SessionRegistry:
             record = SessionRecord.from_json(session_id, old)
             return old if record.terminated else {**old, "seen": now}
 
-        stored = await self._atomic.update(session_id, refreshed, collection=self.collection, ttl=self.record_ttl)
+        with _readable(session_id):
+            stored = await self._atomic.update(session_id, refreshed, collection=self.collection, ttl=self.record_ttl)
         return None if stored is None else SessionRecord.from_json(session_id, stored)
 
     async def terminate(self, session_id: str) -> None:
@@ -298,6 +300,17 @@ class SessionRegistry:
         except DeserializationError:
             # The stored bytes do not even decode: overwrite them with a fresh tombstone.
             await self.store.put(session_id, tombstone(None), collection=self.collection, ttl=self.record_ttl)
+
+
+@contextlib.contextmanager
+def _readable(session_id: str) -> Iterator[None]:
+    """Turn the store's DeserializationError about a record into a SessionRecordError naming the session."""
+    try:
+        yield
+    except SessionRecordError:
+        raise
+    except DeserializationError as exc:
+        raise SessionRecordError(f"session record {session_id!r} is corrupt: {exc}") from exc
 
 
 def _negotiated_version(handshake: Mapping[str, Any] | None) -> str | None:

@@ -1,0 +1,274 @@
+"""Durable MCP sessions (kvstores.sessions): real server processes, real HTTP, on each persistent backend.
+
+The scenario tests run two uvicorn processes on one store and send a handshake client's requests
+to one or the other; the process tests need a backend row, the rest use SQLite or memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from kvstores import MemoryStore, open_store
+from kvstores.sessions import (
+    REGISTRY_COLLECTION,
+    SessionRecordError,
+    SessionRegistry,
+    http_app,
+)
+from tests.support import Backend
+from tests.support.events import DROP_AFTER, PROTOCOL_VERSION, STEPS, FlakyStore, RawSession, serving
+from tests.support.fixtures import rows
+from tests.support.sessions import TOKENS, Router, SessionServer, build_app, routed_client
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
+]
+
+IDLE_TTL = 12.0
+"""The servers' idle_ttl: records live 15 s after a refresh, a warm session is rechecked every 3 s."""
+
+REFRESH = IDLE_TTL / 4
+
+PERSISTENT = rows("sqlite", "redis", "mongodb", "postgresql")
+
+
+@contextmanager
+def running(*servers: SessionServer) -> Iterator[None]:
+    """Start the servers, wait until all serve, and stop them however the test ends."""
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_until_serving()
+        yield
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def restart(server: SessionServer) -> None:
+    """SIGKILL the server and start it again on the same port."""
+    server.kill()
+    server.start()
+    server.wait_until_serving()
+
+
+async def call(client: Any, tool: str, **arguments: Any) -> Any:
+    return (await client.call_tool(tool, arguments)).data
+
+
+async def status(
+    http: httpx.AsyncClient, url: str, session_id: str, *, method: str = "POST", token: str | None = None
+) -> int:
+    """The HTTP status of a tools/list (or a DELETE) in session ``session_id``."""
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": PROTOCOL_VERSION,
+        "mcp-session-id": session_id,
+    }
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    async with http.stream(method, url, headers=headers, **({"json": body} if method == "POST" else {})) as response:
+        return response.status_code
+
+
+async def eventually(predicate: Any, within: float) -> None:
+    deadline = time.monotonic() + within
+    while not await predicate():
+        assert time.monotonic() < deadline, f"not within {within} s"
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("backend", PERSISTENT, indirect=True)
+async def test_a_session_moves_between_processes_survives_a_kill_and_ends_everywhere(
+    backend: Backend, namespace: str, store: Any, tmp_path: Path
+) -> None:
+    url, options = backend.url(namespace)
+    a, b = (SessionServer(url, options, tmp_path, idle_ttl=IDLE_TTL) for _ in range(2))
+    router = Router(a.port)
+    notes: list[str] = []
+
+    async def note(progress: float, total: float | None, message: str | None) -> None:
+        notes.append(str(message))
+        if message == f"step {DROP_AFTER}":
+            router.port = b.port  # the client resumes the dropped stream on the other process
+
+    with running(a, b):
+        async with routed_client(router) as client:
+            session_id = await call(client, "set_state", key="k", value="v")
+            router.port = b.port
+            assert await call(client, "get_state", key="k") == "v"
+            assert await call(client, "client_name") == "fastmcp"  # the handshake came along
+
+            await anyio.to_thread.run_sync(restart, a)
+            router.port = a.port
+            assert await call(client, "set_state", key="k2", value="v2") == session_id
+            assert await call(client, "get_state", key="k") == "v"
+
+            result = await client.call_tool("long_task", {}, progress_handler=note)
+            assert result.data == "done"
+            assert notes == [f"step {step}" for step in range(1, STEPS + 1)]
+            assert router.port == b.port
+        # Leaving the client sent DELETE to B. A still holds the session in memory.
+
+        registry = SessionRegistry(store)
+        record = await registry.get(session_id)
+        assert record is not None and record.terminated
+        async with httpx.AsyncClient(timeout=10) as http:
+            assert await status(http, b.url, session_id) == 404
+            assert await status(http, b.url, session_id, method="DELETE") == 404
+
+            async def refused_by_a() -> bool:
+                return await status(http, a.url, session_id) == 404
+
+            await eventually(refused_by_a, within=REFRESH + 5)
+            assert await status(http, a.url, session_id) == 404  # and stays refused, now without a copy
+
+            for unknown in ("0" * 32, "never-registered", "x" * 5000):
+                assert await status(http, a.url, unknown) == 404
+                assert await status(http, b.url, unknown) == 404
+
+            # 50 sessions opened at once, half on each process: every one registered and adoptable.
+            opened = await asyncio.gather(*(RawSession(http, server.url).open() for server in [a, b] * 25))
+            ids = [session.session_id for session in opened]
+            assert len(set(ids)) == 50
+            records = await asyncio.gather(*(registry.get(sid) for sid in ids))
+            assert all(r is not None and not r.terminated and r.owner is None for r in records)
+            other = {a.url: b.url, b.url: a.url}
+            statuses = await asyncio.gather(
+                *(status(http, other[s.url], s.session_id) for s in opened[:6]),
+            )
+            assert statuses == [200] * 6
+
+
+async def test_a_session_is_refused_to_another_principal(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'auth.db'}"
+    a = SessionServer(url, {}, tmp_path, idle_ttl=IDLE_TTL, auth=True)
+    b = SessionServer(url, {}, tmp_path, idle_ttl=IDLE_TTL, auth=True)
+    router = Router(a.port)
+    with running(a, b):
+        async with routed_client(router, token="token-x") as client, httpx.AsyncClient(timeout=10) as http:
+            session_id = await call(client, "set_state", key="k", value="x's")
+            # B has never seen the session: principal Y cannot get it adopted, nor can no one.
+            assert await status(http, b.url, session_id, token="token-y") == 404
+            assert (await http.post(b.url, headers={"mcp-session-id": session_id}, json={})).status_code == 401
+            # X can, on B; then B holds it and still refuses Y (the SDK's own check).
+            router.port = b.port
+            assert await call(client, "get_state", key="k") == "x's"
+            assert await status(http, b.url, session_id, token="token-y") == 404
+            assert await status(http, a.url, session_id, token="token-y") == 404
+            # Y's DELETE ends nothing.
+            assert await status(http, b.url, session_id, method="DELETE", token="token-y") == 404
+            assert await call(client, "get_state", key="k") == "x's"
+        async with open_store(url) as check:
+            record = await SessionRegistry(check).get(session_id)
+        assert record is not None and record.terminated
+        assert record.owner == {"client_id": TOKENS["token-x"]["client_id"], "issuer": None, "subject": None}
+
+
+async def test_an_unreadable_record_gives_a_clear_error_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "corrupt.db"
+    store = open_store(f"sqlite:///{path}")
+    registry = SessionRegistry(store)
+    await store.put("from-the-future", {"v": 2, "session_id": "from-the-future"}, collection=REGISTRY_COLLECTION)
+    await store.put(
+        "mangled", {"v": 1, "session_id": "mangled", "created": "yesterday"}, collection=REGISTRY_COLLECTION
+    )
+    await store.put("undecodable", {"v": 1}, collection=REGISTRY_COLLECTION)
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE kvstores_entries SET value = '{not json' WHERE key = 'undecodable'")
+
+    with pytest.raises(SessionRecordError, match="another kvstores version"):
+        await registry.get("from-the-future")
+    with pytest.raises(SessionRecordError, match=r"corrupt.*created"):
+        await registry.get("mangled")
+    async with serving(build_app(store, idle_ttl=IDLE_TTL)) as url, httpx.AsyncClient(timeout=10) as http:
+        for session_id, message in [("from-the-future", "another kvstores version"), ("mangled", "corrupt")]:
+            async with http.stream("POST", url, headers=_headers(session_id), json=_LIST) as response:
+                assert response.status_code == 500
+                assert message in json.loads(await response.aread())["error"]["message"]
+        async with http.stream("POST", url, headers=_headers("undecodable"), json=_LIST) as response:
+            assert response.status_code == 500
+            assert "'undecodable' is corrupt" in json.loads(await response.aread())["error"]["message"]
+        session = await RawSession(http, url).open()  # the server goes on serving
+        assert await status(http, url, session.session_id) == 200
+        # A DELETE of an unreadable session replaces the record with a readable tombstone.
+        await registry.terminate("mangled")
+        record = await registry.get("mangled")
+        assert record is not None and record.terminated
+    await store.aclose()
+
+
+_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+
+
+def _headers(session_id: str) -> dict[str, str]:
+    return {
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": PROTOCOL_VERSION,
+        "mcp-session-id": session_id,
+    }
+
+
+async def test_the_registry_forgets_idle_sessions(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'idle.db'}")
+    idle_ttl = 0.6
+    registry = SessionRegistry(store, idle_ttl=idle_ttl)
+    async with serving(build_app(store, idle_ttl=idle_ttl)) as url, httpx.AsyncClient(timeout=10) as http:
+        sessions = [await RawSession(http, url).open() for _ in range(5)]
+        await registry.terminate(sessions[0].session_id)
+        assert len(await store.keys(REGISTRY_COLLECTION)) == 5
+        await asyncio.sleep(registry.record_ttl + 0.2)
+        assert await store.keys(REGISTRY_COLLECTION) == []
+        await store.cull()
+        with closing(sqlite3.connect(tmp_path / "idle.db")) as db:
+            left = db.execute("SELECT count(*) FROM kvstores_entries WHERE collection = ?", (REGISTRY_COLLECTION,))
+            assert left.fetchone() == (0,)
+    await store.aclose()
+
+
+async def test_a_warm_session_costs_no_store_call_per_request() -> None:
+    """The per-request cost of the registry: none on a warm session, one update per refresh interval."""
+    counted = FlakyStore(MemoryStore())
+    app = build_app(MemoryStore(), idle_ttl=2.0, registry_store=counted)
+    async with serving(app) as url:
+        router = Router(int(url.split(":")[2].split("/")[0]))
+        async with routed_client(router) as client:
+            opening = sum(counted.calls.values())
+            assert counted.calls == {"put_if_absent": 1}
+            for _ in range(20):
+                await call(client, "get_state", key="k")
+            assert sum(counted.calls.values()) == opening  # 40+ requests (calls and their GET/notifications): 0 calls
+            started = time.monotonic()
+            while time.monotonic() - started < 1.6:
+                await call(client, "get_state", key="k")
+            refreshes = counted.calls["update"]
+            assert 1 <= refreshes <= 4  # one per refresh interval (0.5 s) at most
+        assert counted.calls["update"] == refreshes + 1  # the DELETE
+
+
+async def test_http_app_refuses_what_it_cannot_make_durable() -> None:
+    from fastmcp import FastMCP
+
+    mcp = FastMCP("x")
+    with pytest.raises(ValueError, match="stateful"):
+        http_app(mcp, store=MemoryStore(), stateless_http=True)
+    with pytest.raises(ValueError, match="Streamable HTTP"):
+        http_app(mcp, store=MemoryStore(), transport="sse")
+    with pytest.raises(TypeError, match="AtomicStore"):
+        SessionRegistry(object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="idle_ttl"):
+        SessionRegistry(MemoryStore(), idle_ttl=0)
