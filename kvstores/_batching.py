@@ -28,7 +28,10 @@ Result = TypeVar("Result")
 
 
 class Coalescer(Generic[Item, Result]):
-    """Runs ``run_one`` for a lone call, ``run_batch`` for the calls that queued meanwhile."""
+    """Runs ``run_one`` for a lone call, ``run_batch`` for the calls that queued meanwhile.
+
+    ``size`` measures an item for the ``max_bytes`` bound; ``on_batch`` hears each batch's size.
+    """
 
     def __init__(
         self,
@@ -38,12 +41,14 @@ class Coalescer(Generic[Item, Result]):
         size: Callable[[Item], int] = lambda item: 0,
         max_items: int = 1_000,
         max_bytes: int = 8 * 1024 * 1024,
+        on_batch: Callable[[int], None] = lambda count: None,
     ) -> None:
         self._run_one = run_one
         self._run_batch = run_batch
         self._size = size
         self._max_items = max_items
         self._max_bytes = max_bytes
+        self._on_batch = on_batch
         self._busy = False
         self._queue: deque[tuple[Item, asyncio.Future[Result]]] = deque()
         self._flusher: asyncio.Task[None] | None = None
@@ -73,6 +78,7 @@ class Coalescer(Generic[Item, Result]):
                 batch = self._take()
                 if not batch:
                     continue
+                self._on_batch(len(batch))
                 try:
                     results = await self._run_batch([item for item, _ in batch])
                 except Exception as exc:

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
+import inspect
 import os
 import random
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence, Sized
 from types import TracebackType
 from typing import Any, SupportsFloat, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from kvstores import _telemetry
 from kvstores._batching import Coalescer
 from kvstores._codec import (
     check_collection,
@@ -73,6 +76,44 @@ _Entry = tuple[str, str, str, "float | None"]  # (collection, key, encoded value
 
 def _entry_size(entry: _Entry) -> int:
     return len(entry[2])
+
+
+Method = TypeVar("Method", bound=Callable[..., Awaitable[Any]])
+
+
+def _observed(shape: str) -> Callable[[Method], Method]:
+    """Trace and measure a public call when OpenTelemetry is active (see kvstores._telemetry).
+
+    ``shape`` says where the call's collection is: ``key`` and ``keys`` (keyword-only; ``keys``
+    also has a batch size, the length of its first argument), ``collection`` (first
+    argument), ``store`` (none). The wrapper is a plain function that returns the method's own
+    coroutine while telemetry is inactive, so an untraced call costs one check and no extra
+    coroutine.
+    """
+
+    def decorate(method: Method) -> Method:
+        operation = method.__name__
+
+        @functools.wraps(method)
+        def observed(self: BaseStore, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+            if not _telemetry.active():
+                return method(self, *args, **kwargs)
+            if shape == "collection":
+                collection = args[0] if args else kwargs.get("collection")
+            else:
+                collection = kwargs.get("collection") if shape != "store" else None
+            if collection is None and shape != "store":
+                collection = self.default_collection
+            batch = len(args[0]) if shape == "keys" and args and isinstance(args[0], Sized) else None
+            return self._observer.observe(
+                operation, collection, batch, functools.partial(method, self, *args, **kwargs)
+            )
+
+        if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+: still a coroutine function to inspect
+            inspect.markcoroutinefunction(observed)
+        return observed  # type: ignore[return-value]
+
+    return decorate
 
 
 def flag(text: str) -> bool:
@@ -137,8 +178,30 @@ class BaseStore(abc.ABC):
         self._reads: Coalescer[tuple[str, str], Stored | None] | None = None
         self._writes: Coalescer[_Entry, None] | None = None
         if batching:
-            self._reads = Coalescer(self._get_pair, self._get_pairs)
-            self._writes = Coalescer(self._put_entry, self._put_entries, size=_entry_size)
+            system = self.db_system
+            self._reads = Coalescer(
+                self._get_pair, self._get_pairs, on_batch=lambda size: _telemetry.record_batch(system, "get", size)
+            )
+            self._writes = Coalescer(
+                self._put_entry,
+                self._put_entries,
+                size=_entry_size,
+                on_batch=lambda size: _telemetry.record_batch(system, "put", size),
+            )
+
+    @property
+    def db_system(self) -> str:
+        """The ``db.system.name`` of this store's spans: its module's name (``redis``, ``sqlite``...)."""
+        return type(self).__module__.rpartition(".")[2]
+
+    @functools.cached_property
+    def _observer(self) -> _telemetry.Observer:
+        """Traces and measures this store's calls (made on first use, once OpenTelemetry is active)."""
+        attributes: dict[str, Any] = {"db.system.name": self.db_system}
+        server = self._server_address()
+        if server is not None:
+            attributes["server.address"], attributes["server.port"] = server
+        return _telemetry.Observer(attributes)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -155,7 +218,11 @@ class BaseStore(abc.ABC):
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         """Warn, as aiosqlite and asyncio transports do, when a store holding a connection is never closed."""
-        if not self._closed and self._holds_connection():
+        try:
+            unclosed = not self._closed and self._holds_connection()
+        except AttributeError:  # __init__ raised before the store was complete: nothing to release
+            return
+        if unclosed:
             _warn(f"unclosed {type(self).__name__}: close it with aclose() or async with", ResourceWarning, source=self)
 
     async def aclose(self) -> None:
@@ -187,6 +254,7 @@ class BaseStore(abc.ABC):
 
     # -- the protocol ----------------------------------------------------------------
 
+    @_observed("key")
     async def get(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
         """Return a fresh copy of the value stored under ``key``, or None if absent or expired."""
         name = self._collection(collection)
@@ -195,6 +263,7 @@ class BaseStore(abc.ABC):
         text = await (self._get(name, key) if reads is None else reads((name, key)))
         return None if text is None else decode_value(text, key)
 
+    @_observed("key")
     async def ttl(self, key: str, *, collection: str | None = None) -> tuple[dict[str, Any] | None, float | None]:
         """Return ``(value, remaining seconds)``; the TTL is None when the entry never expires."""
         name = self._collection(collection)
@@ -202,6 +271,7 @@ class BaseStore(abc.ABC):
         text, remaining = await self._ttl(name, key)
         return (None, None) if text is None else (decode_value(text, key), remaining)
 
+    @_observed("key")
     async def put(
         self,
         key: str,
@@ -218,12 +288,14 @@ class BaseStore(abc.ABC):
         writes = self._writes
         await (self._put(name, key, text, seconds) if writes is None else writes((name, key, text, seconds)))
 
+    @_observed("key")
     async def delete(self, key: str, *, collection: str | None = None) -> bool:
         """Delete ``key``; return True if it existed."""
         name = self._collection(collection)
         check_key(key)
         return await self._delete(name, key)
 
+    @_observed("keys")
     async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[dict[str, Any] | None]:
         """Return the values of ``keys`` in order, None for each missing key."""
         name = self._collection(collection)
@@ -233,6 +305,7 @@ class BaseStore(abc.ABC):
         texts = await self._get_many(name, keys)
         return [None if text is None else decode_value(text, key) for key, text in zip(keys, texts)]
 
+    @_observed("keys")
     async def ttl_many(
         self, keys: Sequence[str], *, collection: str | None = None
     ) -> list[tuple[dict[str, Any] | None, float | None]]:
@@ -247,6 +320,7 @@ class BaseStore(abc.ABC):
             for key, (text, remaining) in zip(keys, rows)
         ]
 
+    @_observed("keys")
     async def put_many(
         self,
         keys: Sequence[str],
@@ -266,6 +340,7 @@ class BaseStore(abc.ABC):
             latest = dict(zip(keys, texts))  # duplicate keys: the last value wins
             await self._put_many(name, list(latest), list(latest.values()), seconds)
 
+    @_observed("keys")
     async def delete_many(self, keys: Sequence[str], *, collection: str | None = None) -> int:
         """Delete ``keys``; return how many existed (duplicates count once)."""
         name = self._collection(collection)
@@ -276,36 +351,51 @@ class BaseStore(abc.ABC):
 
     # -- capabilities ----------------------------------------------------------------
 
+    @_observed("collection")
     async def keys(self, collection: str | None = None, *, limit: int | None = None) -> list[str]:
         """Return up to ``limit`` live keys of ``collection`` (all when limit is None)."""
         name = self._collection(collection)
         _check_limit(limit)
         return [] if limit == 0 else await self._keys(name, limit)
 
+    @_observed("store")
     async def collections(self, *, limit: int | None = None) -> list[str]:
         """Return up to ``limit`` names of collections that hold live entries."""
         self._check_open()
         _check_limit(limit)
         return [] if limit == 0 else await self._collections(limit)
 
+    @_observed("collection")
     async def destroy_collection(self, collection: str) -> bool:
         """Delete every entry of ``collection``; return True if it held any."""
         if collection is None:
             raise TypeError("destroy_collection needs a collection name")
         return await self._destroy_collection(self._collection(collection))
 
+    @_observed("store")
     async def destroy(self) -> bool:
         """Delete every entry this store owns (never other data in the database)."""
         self._check_open()
         return await self._destroy()
 
+    @_observed("store")
     async def cull(self) -> None:
         """Remove every expired entry from the backend now."""
         self._check_open()
         await self._cull()
 
+    @_observed("store")
+    async def ping(self) -> None:
+        """One cheap round trip to the backend (a readiness check).
+
+        Raises StoreConnectionError, within the store's timeout, when the backend cannot be reached.
+        """
+        self._check_open()
+        await self._ping()
+
     # -- atomic operations (kvstores.AtomicStore) ------------------------------------
 
+    @_observed("key")
     async def put_if_absent(
         self,
         key: str,
@@ -320,6 +410,7 @@ class BaseStore(abc.ABC):
         seconds = check_ttl(ttl)
         return await self._swap(name, key, None, encode_value(value), seconds)
 
+    @_observed("key")
     async def pop(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
         """Get and delete ``key`` in one atomic step (one round trip); None when absent or expired."""
         name = self._collection(collection)
@@ -327,6 +418,7 @@ class BaseStore(abc.ABC):
         text = await self._pop(name, key)
         return None if text is None else decode_value(text, key)
 
+    @_observed("key")
     async def update(
         self,
         key: str,
@@ -411,6 +503,14 @@ class BaseStore(abc.ABC):
 
     async def _close(self) -> None:  # noqa: B027 - optional hook: most backends have something to release
         """Release backend resources (called once, by ``aclose``)."""
+
+    async def _ping(self) -> None:
+        """One cheap round trip; by default the read of a key that kvstores never writes."""
+        await self._get(self.default_collection, "\x00kvstores-ping")
+
+    def _server_address(self) -> tuple[str, int] | None:
+        """The (host, port) of the server this store talks to, for telemetry; None without one."""
+        return None
 
     def _holds_connection(self) -> bool:
         """True while the store holds a connection that only ``aclose()`` releases."""

@@ -166,6 +166,9 @@ class MemoryStore(BaseStore):
     async def _cull(self) -> None:
         self._sweep(monotonic())
 
+    async def _ping(self) -> None:
+        """Nothing to reach: the store is in this process."""
+
     # no await between reading and writing: each of these is atomic on the event loop
 
     async def _swap(

@@ -327,6 +327,9 @@ class SQLiteStore(BaseStore):
         self._next_sweep = 0.0
         await self._write(lambda conn: None)
 
+    async def _ping(self) -> None:
+        await self._run(lambda conn: conn.execute("SELECT 1").fetchone())
+
     async def _swap(
         self, collection: str, key: str, expected: Stored | None, text: str | None, ttl: float | None
     ) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from time import perf_counter, process_time
 from typing import Any
@@ -57,6 +58,14 @@ class Scenario:
 
 
 @dataclass(frozen=True)
+class Within:
+    """A contender measured inside a context (e.g. with a module switched off), entered around each batch."""
+
+    subject: Any
+    context: Callable[[], AbstractContextManager[object]]
+
+
+@dataclass(frozen=True)
 class Stats:
     """One contender's figures for one scenario."""
 
@@ -88,6 +97,9 @@ async def _worker(op: Op, subject: Any, indices: range, latencies: list[float]) 
 
 async def _batch(scenario: Scenario, subject: Any, calls: int, settings: Settings) -> tuple[float, float, list[float]]:
     """Run ``calls`` calls over the scenario's concurrent tasks; return (elapsed, CPU seconds, latencies)."""
+    if isinstance(subject, Within):
+        with subject.context():
+            return await _batch(scenario, subject.subject, calls, settings)
     tasks = scenario.concurrency
     per_task = -(-calls // tasks)
     if scenario.refill is not None:

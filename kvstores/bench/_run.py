@@ -18,6 +18,7 @@ from typing import Any
 
 from kvstores.bench._baselines import baselines, family
 from kvstores.bench._measure import RowSkipped, Scenario, Settings, measure
+from kvstores.bench._otel import otel_contenders
 from kvstores.bench._scenarios import (
     ATOMIC_VALUE_BYTES,
     COLLECTION,
@@ -237,6 +238,17 @@ async def _atomic_rows(
     return [await _row(target, "atomic", scenario, able, plan, progress) for scenario in scenarios]
 
 
+async def _otel_rows(target: _Target, store: Any, plan: Plan, progress: Progress) -> list[dict[str, Any]]:
+    """get and put of 100 B on a memory store with and without OpenTelemetry (kvstores.bench._otel)."""
+    contenders = otel_contenders(store)
+    if target.backend != "memory" or not contenders:
+        return []
+    await _populate(store, key_space(100), value_of(100))
+    scenarios = kv_scenarios(100, 1, ("get", "put"))
+    progress.start(f"{target.label} otel", len(scenarios) * len(contenders) * (plan.settings.rounds + 1))
+    return [await _row(target, "otel", scenario, contenders, plan, progress) for scenario in scenarios]
+
+
 async def _main_rows(
     target: _Target, contenders: dict[str, Any], plan: Plan, progress: Progress
 ) -> list[dict[str, Any]]:
@@ -346,6 +358,8 @@ async def run_target(
         rows += await _main_rows(target, contenders, plan, progress)
         if plan.atomic:
             rows += await _atomic_rows(target, contenders, plan, progress)
+        if plan.compare:
+            rows += await _otel_rows(target, store, plan, progress)
         if plan.events:
             rows += await _event_rows(target, store, contenders, plan, progress)
         if plan.scaling:

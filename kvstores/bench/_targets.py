@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstores.bench._baselines import raw_name
+from kvstores.bench._otel import NO_API
 from kvstores.bench._scenarios import (
     ATOMIC_OPERATIONS,
     KV_OPERATIONS,
@@ -99,6 +100,7 @@ TARGETS = (
     Target("{store} bulk ops vs raw asyncpg", "asyncpg", 0.85, ("get_many", "put_many"), "kv", "postgresql"),
     Target("{store} vs py-key-value PostgreSQLStore", "py-key-value", 1.2, KV_OPERATIONS, "kv", "postgresql"),
     Target("{store} atomic operations vs raw {baseline}", RAW, 0.8, ATOMIC_OPERATIONS, "atomic"),
+    Target("{store} with opentelemetry-api and no SDK vs without it", NO_API, 0.97, ("get", "put"), "otel", "memory"),
     *(
         target
         for backend, alone, gets, puts in _BATCHING_MINIMUMS

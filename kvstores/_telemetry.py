@@ -1,0 +1,133 @@
+"""OpenTelemetry spans and metrics for store calls, through ``opentelemetry-api`` only.
+
+Every public store call is a CLIENT span named ``"<operation> <collection>"`` with the
+database semantic conventions' attributes: ``db.system.name`` (redis, sqlite, mongodb,
+postgresql, memory), ``db.operation.name`` (the kvstores method), ``db.collection.name``,
+``db.operation.batch.size`` (bulk calls of two or more keys), ``server.address`` and
+``server.port`` where there is a server, and on failure an ERROR status with ``error.type``
+(the exception's class name). Keys, values and credentials are never recorded. Spans nest
+under the caller's current span (a FastMCP tool call shows its store calls as children).
+
+Metrics: the histogram ``db.client.operation.duration`` (seconds) with the same
+low-cardinality attributes, and ``kvstores.batch.size``: how many concurrent calls each
+coalesced batch carried (see kvstores._batching).
+
+Cost: nothing is recorded, and a call pays one global check, until the application installs
+an OpenTelemetry SDK (``trace.set_tracer_provider`` / ``metrics.set_meter_provider``, or the
+``OTEL_PYTHON_*_PROVIDER`` variables); without ``opentelemetry-api`` installed (the ``otel``
+extra), the check is a constant.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+__all__ = ["Observer", "active", "metrics", "record_batch", "trace"]
+
+_MAX_COLLECTION = 256  # characters of a collection name kept in attributes
+# OpenTelemetry's recommended buckets for db.client.operation.duration
+_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
+
+try:
+    from opentelemetry import metrics, trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError:  # the otel extra is optional: without it nothing is ever recorded
+    trace = None  # type: ignore[assignment]
+    metrics = None  # type: ignore[assignment]
+
+try:
+    _VERSION = version("kvstores")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without metadata
+    _VERSION = "0"
+
+_instruments: tuple[Any, Any, Any] | None = None  # (tracer, duration histogram, batch histogram)
+
+
+def active() -> bool:
+    """True once an OpenTelemetry SDK is installed: then store calls are traced and measured.
+
+    Reads the API's own globals (set by ``set_*_provider``) rather than calling
+    ``get_*_provider()``, which looks up the environment on every call: this check runs on
+    every store call. ``get_*_provider()`` is called once at import so that providers named by
+    environment variables are loaded.
+    """
+    return trace is not None and (trace._TRACER_PROVIDER is not None or metrics._internal._METER_PROVIDER is not None)
+
+
+if trace is not None:  # load providers named by OTEL_PYTHON_TRACER_PROVIDER / ..._METER_PROVIDER
+    trace.get_tracer_provider()
+    metrics.get_meter_provider()
+
+
+def _get_instruments() -> tuple[Any, Any, Any]:
+    global _instruments
+    if _instruments is None:
+        meter = metrics.get_meter("kvstores", _VERSION)
+        _instruments = (
+            trace.get_tracer("kvstores", _VERSION),
+            meter.create_histogram(
+                "db.client.operation.duration",
+                unit="s",
+                description="Duration of kvstores store calls",
+                explicit_bucket_boundaries_advisory=_BUCKETS,
+            ),
+            meter.create_histogram(
+                "kvstores.batch.size",
+                unit="{call}",
+                description="Concurrent single-key calls carried by one coalesced bulk call",
+            ),
+        )
+    return _instruments
+
+
+def record_batch(system: str, operation: str, size: int) -> None:
+    """Record that one coalesced bulk call carried ``size`` calls (a no-op until an SDK is installed)."""
+    if active():
+        _get_instruments()[2].record(size, {"db.system.name": system, "db.operation.name": operation})
+
+
+class Observer:
+    """Traces and measures one store's calls; ``attributes`` are the store's own (system, server)."""
+
+    def __init__(self, attributes: Mapping[str, Any]) -> None:
+        self.attributes = dict(attributes)
+
+    async def observe(
+        self,
+        operation: str,
+        collection: object,
+        batch_size: int | None,
+        call: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        """Run ``call`` inside a CLIENT span, recording its duration."""
+        tracer, durations, _ = _get_instruments()
+        attributes = {**self.attributes, "db.operation.name": operation}
+        if isinstance(collection, str):
+            attributes["db.collection.name"] = collection[:_MAX_COLLECTION]
+        name = f"{operation} {attributes['db.collection.name']}" if "db.collection.name" in attributes else operation
+        span_attributes = dict(attributes)
+        if batch_size is not None and batch_size >= 2:
+            span_attributes["db.operation.batch.size"] = batch_size
+        started = time.perf_counter()
+        span_context: AbstractContextManager[Any] = tracer.start_as_current_span(
+            name,
+            kind=SpanKind.CLIENT,
+            attributes=span_attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        with span_context as span:
+            try:
+                return await call()
+            except BaseException as exc:
+                error_type = type(exc).__name__
+                span.set_attribute("error.type", error_type)
+                span.set_status(Status(StatusCode.ERROR, error_type))
+                attributes["error.type"] = error_type
+                raise
+            finally:
+                durations.record(time.perf_counter() - started, attributes)

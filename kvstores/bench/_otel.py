@@ -1,0 +1,78 @@
+"""The cost of OpenTelemetry on the store hot path: the ``otel`` rows of memory targets.
+
+Contenders, interleaved on one MemoryStore (get and put of 100 B, one task): ``kvstores`` as
+installed (opentelemetry-api present, no SDK: the common case), ``no opentelemetry-api``
+(the module's API handle switched off, as when the ``otel`` extra is not installed) and
+``with an SDK`` (a tracer provider with a span processor and exporter that drop everything,
+and a meter provider without readers: the cost of recording, not of exporting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kvstores import _telemetry
+from kvstores.bench._measure import Within
+
+__all__ = ["NO_API", "WITH_SDK", "otel_contenders"]
+
+NO_API = "no opentelemetry-api"
+"""Contender: the same store as if opentelemetry-api were not installed."""
+
+WITH_SDK = "with an SDK"
+"""Contender: the same store with an OpenTelemetry SDK installed (no-op export)."""
+
+
+@contextmanager
+def _without_api() -> Iterator[None]:
+    saved = _telemetry.trace
+    _telemetry.trace = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _telemetry.trace = saved
+
+
+@contextmanager
+def _with_sdk() -> Iterator[None]:
+    from opentelemetry import metrics, trace
+    from opentelemetry.metrics import _internal as metrics_internal
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.util._once import Once
+
+    class _Drop(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    def reset() -> None:  # OpenTelemetry sets providers once per process; its own tests reset them so
+        trace._TRACER_PROVIDER = None
+        trace._TRACER_PROVIDER_SET_ONCE = Once()
+        metrics_internal._METER_PROVIDER = None
+        metrics_internal._METER_PROVIDER_SET_ONCE = Once()
+        _telemetry._instruments = None
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(_Drop()))
+    reset()
+    trace.set_tracer_provider(provider)
+    metrics.set_meter_provider(MeterProvider())
+    try:
+        yield
+    finally:
+        reset()
+
+
+def otel_contenders(store: Any) -> dict[str, Any]:
+    """``store`` as measured, without the API, and with an SDK (when opentelemetry-sdk is installed)."""
+    if _telemetry.trace is None:
+        return {}
+    contenders: dict[str, Any] = {"kvstores": store, NO_API: Within(store, _without_api)}
+    try:
+        import opentelemetry.sdk  # noqa: F401
+    except ImportError:
+        return contenders
+    return {**contenders, WITH_SDK: Within(store, _with_sdk)}
