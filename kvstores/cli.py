@@ -1,7 +1,9 @@
-"""The kvstores command: run the demo, check a store against the conformance suites, benchmark.
+"""The kvstores command: run the demo, check a store against the conformance suites, benchmark,
+look at and move a store's entries.
 
 ``kvstores demo [--store URL]`` shows FastMCP session state on a persistent store:
-isolation, expiry and persistence across a server restart (see kvstores.demo).
+isolation, expiry and persistence across a server restart (see kvstores.demo); without
+``--store`` it uses ``$KVSTORES_URL`` when set.
 ``kvstores bench [TARGET ...] [--compare] [--quick]`` measures stores (see kvstores.bench).
 
 ``kvstores check TARGET [--suite kv|events|fastmcp] [-v] [--json FILE]`` runs a conformance
@@ -10,6 +12,8 @@ suite through pytest against TARGET (a store URL such as ``sqlite:///scratch.db`
 with why and the capability it needs, and what was skipped and why. It exits 0 only if
 nothing failed, 2 when the target or an extra is missing. The target's data is destroyed by
 the checks: use a scratch database.
+
+``kvstores ls | get | put | delete | copy`` are the operator's commands (see kvstores._operator).
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 import sys
 from pathlib import Path
 
+from kvstores import _operator
 from kvstores._optional import missing_extra
+from kvstores.registry import URL_VARIABLE
 
 __all__ = ["SUITES", "main"]
 
@@ -64,6 +71,13 @@ def check(target: str, suite: str, *, verbose: bool = False, json_file: Path | N
     return run(resolved, suite, verbose=verbose, json_file=json_file)
 
 
+def _demo_arguments(args: list[str]) -> list[str]:
+    """The demo's arguments, with ``--store $KVSTORES_URL`` when no store is named and the variable is set."""
+    url = os.environ.get(URL_VARIABLE)
+    named = any(arg == "--store" or arg.startswith("--store=") for arg in args)
+    return args if named or not url else ["--store", url, *args]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kvstores`` console script."""
     parser = argparse.ArgumentParser(prog="kvstores", description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -80,12 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     check_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results to FILE as JSON")
     commands.add_parser("demo", help="FastMCP session state on a persistent store", add_help=False)
     commands.add_parser("bench", help="benchmark stores against raw drivers and py-key-value", add_help=False)
+    _operator.add_parsers(commands)
     args = sys.argv[1:] if argv is None else argv
     try:
         if args[:1] == ["demo"]:
             from kvstores import demo
 
-            return demo.main(args[1:])
+            return demo.main(_demo_arguments(args[1:]))
         if args[:1] == ["bench"]:
             from kvstores import bench
 
@@ -94,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvstores {args[0]}: {exc}", file=sys.stderr)
         return 2
     options = parser.parse_args(args)
+    if options.command in _operator.COMMANDS:
+        return _operator.run(options)
     return check(options.target, options.suite, verbose=options.verbose, json_file=options.json)
 
 

@@ -1,0 +1,545 @@
+"""The operator's commands of ``kvstores``: ls, get, put, delete and copy.
+
+Each takes a TARGET as ``kvstores check`` does (a store URL or ``package.module:factory``,
+resolved once by :mod:`kvstores.conformance.targets`), so any ``key_value.aio`` store with
+enumeration can be listed or copied. ``ls``, ``get`` and ``copy`` read the TARGET (for copy:
+the SOURCE) from ``$KVSTORES_URL`` when it is left out; ``put`` and ``delete`` never do, a
+write names its store. Every failure is one line on stderr: exit 2 for a bad TARGET, a
+missing extra or bad arguments, exit 1 for a failed operation, an absent key or an entry
+``copy`` could not copy.
+
+``copy`` streams one collection at a time: it lists the collection's keys (``keys()`` returns
+them all at once on every kvstores backend, so the key names of the largest collection are
+the one thing held in full), then reads the entries with ``ttl_many`` in chunks of
+:data:`CHUNK` and writes each chunk with ``put_many``, one call per remaining TTL rounded to
+whole seconds (at least 1 s), a few calls in flight at once. So memory is bounded by the key
+names of one collection plus one chunk of values, whatever the size of the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from kvstores.base import BaseStore, chunks
+from kvstores.conformance.targets import TargetError, close, is_url, resolve
+from kvstores.registry import URL_VARIABLE, open_store
+
+__all__ = ["CHUNK", "COMMANDS", "add_parsers", "run"]
+
+CHUNK = 1_000
+"""Keys per ``ttl_many`` call on the source of ``copy`` (and of ``ls``)."""
+
+_WRITES_IN_FLIGHT = 8  # put_many calls of one chunk running at once
+_FAILURES_SHOWN = 20  # failed entries printed one per line; the rest are counted
+_DEFAULT_LIMIT = 1_000
+_UNREADABLE: Any = object()  # in place of the value of an entry the source could not read
+_FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+class _Failed(Exception):
+    """A command failed; the message is its one line, ``code`` its exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- targets -----------------------------------------------------------------------
+
+
+def _looks_like_target(argument: str) -> bool:
+    return is_url(argument) or _FACTORY.fullmatch(argument) is not None
+
+
+def _from_environment() -> str:
+    url = os.environ.get(URL_VARIABLE)
+    if not url:
+        raise _Failed(f"no TARGET given and ${URL_VARIABLE} is not set", 2)
+    return url
+
+
+def _split(arguments: Sequence[str], names: Sequence[str], optional: int = 0) -> list[str]:
+    """``arguments`` as ``names`` (TARGET first); TARGET from $KVSTORES_URL when one is missing.
+
+    The last ``optional`` names may be left out too; an argument that could be either the
+    TARGET or the next name is the TARGET when it looks like one (a URL or module:factory)
+    or when $KVSTORES_URL is not set.
+    """
+    given = list(arguments)
+    most, least = len(names), len(names) - optional
+    if not least - 1 <= len(given) <= most:
+        raise _Failed(f"expected {' '.join(names)}, got {len(given)} argument(s)", 2)
+    lone = len(given) < most and not (given and _looks_like_target(given[0])) and os.environ.get(URL_VARIABLE)
+    if len(given) < least or lone:
+        given.insert(0, _from_environment())
+    return given + [""] * (most - len(given))
+
+
+def _missing_sqlite_file(spec: str) -> str | None:
+    """The path of an SQLite URL's file when it does not exist (reading must not create it)."""
+    if not spec.lower().startswith("sqlite:"):
+        return None
+    try:
+        store = open_store(spec)  # an unconnected store: nothing touches the file yet
+    except Exception:
+        return None  # resolve() reports a bad URL or a missing extra
+    path = str(getattr(store, "path", ":memory:"))
+    return None if path == ":memory:" or Path(path).exists() else path
+
+
+async def _open(spec: str, *, reading: bool) -> Any:
+    """A store from TARGET ``spec``, or _Failed (exit 2) saying in one line why not."""
+    if reading and (path := _missing_sqlite_file(spec)) is not None:
+        raise _Failed(f"{spec}: no such SQLite file {path!r}", 2)
+    try:
+        target = await resolve(spec)
+        return await target.open()
+    except TargetError as exc:
+        raise _Failed(str(exc), 2) from exc
+
+
+def _require(store: Any, capability: str, spec: str, why: str) -> None:
+    if not callable(getattr(store, capability, None)):
+        raise _Failed(f"{spec}: the store has no {capability}(), {why}", 2)
+
+
+def _name(text: str) -> str:
+    """``text`` as printed: as is when printable, else JSON-quoted (newlines, NUL, ...)."""
+    return text if text.isprintable() and text.strip() == text and text else json.dumps(text, ensure_ascii=False)
+
+
+def _seconds(ttl: float | None) -> str:
+    return "never" if ttl is None else f"{ttl:.1f}s"
+
+
+# -- ls, get, put, delete -----------------------------------------------------------
+
+
+async def _ls(options: argparse.Namespace) -> int:
+    spec, collection = _split(options.arguments, ("TARGET", "COLLECTION"), optional=1)
+    limit = None if options.limit == 0 else options.limit
+    store = await _open(spec, reading=True)
+    try:
+        if not collection:
+            _require(store, "collections", spec, "so its collections cannot be listed")
+            names = sorted(await store.collections(limit=limit))
+            print(json.dumps(names, ensure_ascii=False, indent=2) if options.json else "\n".join(map(_name, names)))
+            _note_limit(len(names), limit, "collections")
+            return 0
+        _require(store, "keys", spec, "so its keys cannot be listed")
+        keys = sorted(await store.keys(collection, limit=limit))
+        entries = await _ttls(store, collection, keys)
+    finally:
+        await close(store)
+    if options.json:
+        rows = [{"key": key, "ttl": None if ttl is None else round(ttl, 3)} for key, ttl in entries]
+        print(json.dumps(rows, ensure_ascii=False, indent=2))
+    else:
+        for key, ttl in entries:
+            print(f"{_seconds(ttl):>12}  {_name(key)}")
+    _note_limit(len(keys), limit, "keys")
+    return 0
+
+
+async def _ttls(store: Any, collection: str, keys: list[str]) -> list[tuple[str, float | None]]:
+    """Each key still present with its remaining TTL (None: never expires)."""
+    found: list[tuple[str, float | None]] = []
+    for chunk in chunks(keys, CHUNK):
+        rows = await store.ttl_many(list(chunk), collection=collection)
+        found += [(key, ttl) for key, (value, ttl) in zip(chunk, rows) if value is not None]
+    return found
+
+
+def _note_limit(count: int, limit: int | None, what: str) -> None:
+    if limit is not None and count >= limit:
+        print(f"(the first {limit} {what}: --limit N for more, --limit 0 for all)", file=sys.stderr)
+
+
+async def _get(options: argparse.Namespace) -> int:
+    spec, collection, key = _split(options.arguments, ("TARGET", "COLLECTION", "KEY"))
+    store = await _open(spec, reading=True)
+    try:
+        value = await store.get(key, collection=collection)
+    finally:
+        await close(store)
+    if value is None:
+        raise _Failed(f"no key {key!r} in collection {collection!r}")
+    print(json.dumps(value, ensure_ascii=False, indent=2))
+    return 0
+
+
+async def _put(options: argparse.Namespace) -> int:
+    text = sys.stdin.read() if options.json == "-" else options.json
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise _Failed(f"JSON is not valid JSON: {exc}", 2) from exc
+    if not isinstance(value, dict):
+        raise _Failed(f"JSON must be an object ({{...}}), got a {type(value).__name__}", 2)
+    store = await _open(options.target, reading=False)
+    try:
+        await store.put(options.key, value, collection=options.collection, ttl=options.ttl)
+    finally:
+        await close(store)
+    return 0
+
+
+async def _delete(options: argparse.Namespace) -> int:
+    store = await _open(options.target, reading=True)
+    try:
+        deleted = await store.delete(options.key, collection=options.collection)
+    finally:
+        await close(store)
+    if not deleted:
+        raise _Failed(f"no key {options.key!r} in collection {options.collection!r}")
+    return 0
+
+
+# -- copy -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Tally:
+    """What a copy did so far."""
+
+    copied: int = 0
+    collections: int = 0
+    expired: int = 0
+    existing: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def fail(self, collection: str, key: str, exc: BaseException) -> None:
+        """Record an entry that could not be copied, and why."""
+        self.failures.append(f"collection {collection!r} key {key!r}: {type(exc).__name__}: {exc}")
+
+    def summary(self, dry_run: bool) -> str:
+        """The one-line summary."""
+        skipped = self.expired + self.existing
+        line = f"{'would copy' if dry_run else 'copied'} {self.copied} entries in {self.collections} collections"
+        line += f", skipped {skipped}"
+        if skipped:
+            line += f" ({self.expired} expired, {self.existing} already in DEST)"
+        if self.failures:
+            line += f", failed {len(self.failures)}"
+        return line + (" (dry run: nothing written)" if dry_run else "")
+
+
+class _Progress(Protocol):
+    def start(self, collection: str, total: int) -> None: ...
+    def advance(self, count: int) -> None: ...
+    def stop(self) -> None: ...
+
+
+class _Quiet:
+    """No progress bar: not a terminal, or rich is not installed."""
+
+    def start(self, collection: str, total: int) -> None:
+        """Nothing to show."""
+
+    def advance(self, count: int) -> None:
+        """Nothing to show."""
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+
+class _Bar:
+    """A rich progress bar per collection on stderr."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        self._progress = Progress(*columns, console=Console(stderr=True))
+        self._progress.start()
+        self._task: Any = None
+
+    def start(self, collection: str, total: int) -> None:
+        """A new bar for ``collection``."""
+        self._task = self._progress.add_task(_name(collection), total=total)
+
+    def advance(self, count: int) -> None:
+        """``count`` more entries of the current collection handled."""
+        self._progress.advance(self._task, count)
+
+    def stop(self) -> None:
+        """Leave the bars on screen."""
+        self._progress.stop()
+
+
+def _progress() -> _Progress:
+    if not sys.stderr.isatty():
+        return _Quiet()
+    try:
+        return _Bar()
+    except ImportError:
+        return _Quiet()
+
+
+def _rounded(ttl: float | None) -> int | None:
+    """The TTL written to DEST: whole seconds, at least 1 (None: never expires)."""
+    return None if ttl is None else max(1, round(ttl))
+
+
+@dataclass
+class _Copy:
+    """One ``kvstores copy`` run: SOURCE and DEST stores and what to do."""
+
+    source: Any
+    dest: Any
+    no_overwrite: bool
+    dry_run: bool
+    tally: _Tally = field(default_factory=_Tally)
+
+    async def collection(self, collection: str, progress: _Progress) -> None:
+        """Copy one collection, a chunk at a time."""
+        keys = await self.source.keys(collection)
+        if not isinstance(self.source, BaseStore) and len(keys) >= 1_000 and len(keys) % 1_000 == 0:
+            # py-key-value stores cap keys() at a page (10,000 for most) and offer no cursor
+            self.tally.failures.append(
+                f"collection {collection!r}: the source listed exactly {len(keys)} keys, "
+                "possibly a page limit of the store: entries beyond it may not have been copied"
+            )
+        self.tally.collections += 1
+        progress.start(collection, len(keys))
+        for chunk in chunks(keys, CHUNK):
+            entries = await self._read(collection, chunk)
+            if self.no_overwrite and entries:
+                present = await self.dest.get_many([key for key, _, _ in entries], collection=collection)
+                kept = [entry for entry, there in zip(entries, present) if there is None]
+                self.tally.existing += len(entries) - len(kept)
+                entries = kept
+            if self.dry_run:
+                self.tally.copied += len(entries)
+            else:
+                await self._write(collection, entries)
+            progress.advance(len(chunk))
+
+    async def _read(self, collection: str, keys: Sequence[str]) -> list[tuple[str, dict[str, Any], float | None]]:
+        """The live entries of ``keys``: (key, value, remaining TTL)."""
+        try:
+            rows = await self.source.ttl_many(list(keys), collection=collection)
+        except Exception as exc:  # an undecodable or invalid entry: find which, one at a time
+            if _is_outage(exc):
+                raise
+            rows = [await self._read_one(collection, key) for key in keys]
+        entries = []
+        for key, (value, ttl) in zip(keys, rows):
+            if value is None:
+                self.tally.expired += 1
+            elif value is not _UNREADABLE:
+                entries.append((key, value, ttl))
+        return entries
+
+    async def _read_one(self, collection: str, key: str) -> tuple[Any, float | None]:
+        try:
+            value, ttl = await self.source.ttl(key, collection=collection)
+        except Exception as exc:
+            if _is_outage(exc):
+                raise
+            self.tally.fail(collection, key, exc)
+            return _UNREADABLE, None
+        return value, ttl
+
+    async def _write(self, collection: str, entries: list[tuple[str, dict[str, Any], float | None]]) -> None:
+        groups: dict[int | None, list[tuple[str, dict[str, Any]]]] = {}
+        for key, value, ttl in entries:
+            groups.setdefault(_rounded(ttl), []).append((key, value))
+        gate = asyncio.Semaphore(_WRITES_IN_FLIGHT)
+
+        async def put(ttl: int | None, group: list[tuple[str, dict[str, Any]]]) -> None:
+            async with gate:
+                await self._put_group(collection, ttl, group)
+
+        await asyncio.gather(*(put(ttl, group) for ttl, group in groups.items()))
+
+    async def _put_group(self, collection: str, ttl: int | None, group: list[tuple[str, dict[str, Any]]]) -> None:
+        try:
+            await self.dest.put_many(
+                [key for key, _ in group], [value for _, value in group], collection=collection, ttl=ttl
+            )
+            self.tally.copied += len(group)
+            return
+        except Exception as exc:  # put_many validates first and writes nothing: find the entries DEST rejects
+            if _is_outage(exc):
+                raise
+        for key, value in group:
+            try:
+                await self.dest.put(key, value, collection=collection, ttl=ttl)
+            except Exception as exc:
+                if _is_outage(exc):
+                    raise
+                self.tally.fail(collection, key, exc)
+            else:
+                self.tally.copied += 1
+
+
+def _is_outage(exc: BaseException) -> bool:
+    """True for a lost or unreachable backend (kvstores' and py-key-value's connection errors)."""
+    return isinstance(exc, (ConnectionError, OSError, TimeoutError)) or "Connection" in type(exc).__name__
+
+
+async def _copy(options: argparse.Namespace) -> int:
+    source_spec, dest_spec = _split(options.arguments, ("SOURCE", "DEST"))
+    source = await _open(source_spec, reading=True)
+    try:
+        dest = await _open(dest_spec, reading=False)
+    except BaseException:
+        await close(source)
+        raise
+    copy = _Copy(source, dest, options.no_overwrite, options.dry_run)
+    progress = _progress()
+    stopped: Exception | None = None
+    try:
+        _require(source, "keys", source_spec, "so kvstores copy cannot list its entries")
+        names = options.collection
+        if not names:
+            _require(source, "collections", source_spec, "so name the collections to copy with --collection")
+            names = sorted(await source.collections())
+        for name in dict.fromkeys(names):
+            await copy.collection(name, progress)
+    except _Failed:
+        raise
+    except Exception as exc:
+        stopped = exc
+    finally:
+        progress.stop()
+        await close(source)
+        await close(dest)
+    for failure in copy.tally.failures[:_FAILURES_SHOWN]:
+        print(f"kvstores copy: not copied: {failure}", file=sys.stderr)
+    if len(copy.tally.failures) > _FAILURES_SHOWN:
+        print(f"kvstores copy: ... and {len(copy.tally.failures) - _FAILURES_SHOWN} more", file=sys.stderr)
+    print(copy.tally.summary(options.dry_run) + (" before it stopped" if stopped else ""))
+    if stopped is not None:
+        raise _Failed(_line(stopped)) from stopped
+    return 1 if copy.tally.failures else 0
+
+
+# -- the command line -----------------------------------------------------------------
+
+
+def _line(exc: BaseException) -> str:
+    if isinstance(exc, _Failed):
+        return str(exc)
+    text = " ".join(str(exc).split()) or "(no message)"
+    return f"{type(exc).__name__}: {text}"
+
+
+@dataclass(frozen=True)
+class _Command:
+    run: Callable[[argparse.Namespace], Any]
+    help: str
+    examples: str
+
+
+_TARGET_HELP = f"a store URL (sqlite:///state.db, redis://host:6379/0, ...) or package.module:factory; ${URL_VARIABLE}"
+
+COMMANDS: dict[str, _Command] = {
+    "ls": _Command(
+        _ls,
+        "list the collections of a store, or the keys of one collection with their remaining TTL",
+        "  kvstores ls sqlite:///state.db\n"
+        "  kvstores ls redis://localhost:6379/0 fastmcp_state --limit 50 --json\n"
+        "  KVSTORES_URL=sqlite:///state.db kvstores ls fastmcp_state",
+    ),
+    "get": _Command(
+        _get,
+        "print the value of one key as JSON (exit 1 when absent)",
+        "  kvstores get sqlite:///state.db fastmcp_state 'session-1::counter'",
+    ),
+    "put": _Command(
+        _put,
+        "store a JSON object under one key",
+        "  kvstores put sqlite:///state.db settings theme '{\"dark\": true}' --ttl 3600\n"
+        "  echo '{\"n\": 1}' | kvstores put redis://localhost:6379/0 counters visits -",
+    ),
+    "delete": _Command(
+        _delete,
+        "delete one key (exit 1 when absent)",
+        "  kvstores delete sqlite:///state.db fastmcp_state 'session-1::counter'",
+    ),
+    "copy": _Command(
+        _copy,
+        "copy every live entry (or the named collections) of SOURCE to DEST, keeping TTLs",
+        "  kvstores copy sqlite:///state.db redis://redis.internal:6379/0\n"
+        "  kvstores copy sqlite:///state.db postgresql://db/app --collection fastmcp_state --no-overwrite\n"
+        "  kvstores copy myapp.stores:old_store mongodb://db/app --dry-run\n"
+        "  KVSTORES_URL=sqlite:///state.db kvstores copy redis://redis.internal:6379/0",
+    ),
+}
+"""Each operator command: what runs it, its one-line help and its examples."""
+
+
+def add_parsers(commands: Any) -> None:
+    """Add a sub-parser per operator command to ``commands`` (argparse sub-parsers)."""
+    parsers = {
+        name: commands.add_parser(
+            name,
+            help=command.help,
+            description=command.help[0].upper() + command.help[1:] + ".",
+            epilog=f"TARGET: {_TARGET_HELP}.\n\nexamples:\n{command.examples}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        for name, command in COMMANDS.items()
+    }
+    ls = parsers["ls"]
+    ls.add_argument("arguments", nargs="*", metavar="[TARGET] [COLLECTION]", help="TARGET defaults to $KVSTORES_URL")
+    ls.add_argument(
+        "--limit", type=_count, default=_DEFAULT_LIMIT, metavar="N", help="at most N (0: all; default 1000)"
+    )
+    ls.add_argument("--json", action="store_true", help="print JSON: names, or [{key, ttl}] (ttl in seconds or null)")
+    get = parsers["get"]
+    get.add_argument("arguments", nargs="+", metavar="[TARGET] COLLECTION KEY", help="TARGET defaults to $KVSTORES_URL")
+    put = parsers["put"]
+    for positional in ("target", "collection", "key"):
+        put.add_argument(positional, metavar=positional.upper())
+    put.add_argument("json", metavar="JSON", help="a JSON object, or - to read it from stdin")
+    put.add_argument("--ttl", type=float, metavar="S", help="expire after S seconds (default: never)")
+    delete = parsers["delete"]
+    for positional in ("target", "collection", "key"):
+        delete.add_argument(positional, metavar=positional.upper())
+    copy = parsers["copy"]
+    copy.add_argument("arguments", nargs="+", metavar="[SOURCE] DEST", help="SOURCE defaults to $KVSTORES_URL")
+    copy.add_argument("--collection", action="append", metavar="NAME", help="copy only this collection (repeatable)")
+    copy.add_argument("--no-overwrite", action="store_true", help="keep entries DEST already has")
+    copy.add_argument("--dry-run", action="store_true", help="read and count, write nothing")
+    copy.epilog += (
+        "\n\nEach entry keeps its remaining TTL rounded to whole seconds (at least 1 s); expired entries"
+        "\nare skipped. Memory: the key names of the largest collection plus one chunk of values."
+    )
+
+
+def _count(text: str) -> int:
+    number = int(text)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {number}")
+    return number
+
+
+def run(options: argparse.Namespace) -> int:
+    """Run the operator command ``options.command``; print one line on failure; return the exit code."""
+    try:
+        return int(asyncio.run(COMMANDS[options.command].run(options)))
+    except _Failed as exc:
+        print(f"kvstores {options.command}: {exc}", file=sys.stderr)
+        return exc.code
+    except ImportError as exc:  # a missing extra (rich, a driver): the message names it
+        print(f"kvstores {options.command}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        print(f"kvstores {options.command}: {_line(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"kvstores {options.command}: interrupted", file=sys.stderr)
+        return 130
