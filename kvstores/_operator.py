@@ -441,9 +441,14 @@ class _Command:
     run: Callable[[argparse.Namespace], Any]
     help: str
     examples: str
+    notes: str = ""
 
 
-_TARGET_HELP = f"a store URL (sqlite:///state.db, redis://host:6379/0, ...) or package.module:factory; ${URL_VARIABLE}"
+_TARGETS = (
+    "{names}: a store URL (sqlite:///state.db, redis://host:6379/0?prefix=app:, ...) or\n"
+    "package.module:factory (a sync or async callable returning a store), as for kvstores check."
+)
+_FROM_ENVIRONMENT = f"\nLeft out, {{name}} is ${URL_VARIABLE}."
 
 COMMANDS: dict[str, _Command] = {
     "ls": _Command(
@@ -452,22 +457,26 @@ COMMANDS: dict[str, _Command] = {
         "  kvstores ls sqlite:///state.db\n"
         "  kvstores ls redis://localhost:6379/0 fastmcp_state --limit 50 --json\n"
         "  KVSTORES_URL=sqlite:///state.db kvstores ls fastmcp_state",
+        _TARGETS.format(names="TARGET") + _FROM_ENVIRONMENT.format(name="TARGET"),
     ),
     "get": _Command(
         _get,
         "print the value of one key as JSON (exit 1 when absent)",
         "  kvstores get sqlite:///state.db fastmcp_state 'session-1::counter'",
+        _TARGETS.format(names="TARGET") + _FROM_ENVIRONMENT.format(name="TARGET"),
     ),
     "put": _Command(
         _put,
         "store a JSON object under one key",
         "  kvstores put sqlite:///state.db settings theme '{\"dark\": true}' --ttl 3600\n"
         "  echo '{\"n\": 1}' | kvstores put redis://localhost:6379/0 counters visits -",
+        _TARGETS.format(names="TARGET"),
     ),
     "delete": _Command(
         _delete,
         "delete one key (exit 1 when absent)",
         "  kvstores delete sqlite:///state.db fastmcp_state 'session-1::counter'",
+        _TARGETS.format(names="TARGET"),
     ),
     "copy": _Command(
         _copy,
@@ -476,9 +485,15 @@ COMMANDS: dict[str, _Command] = {
         "  kvstores copy sqlite:///state.db postgresql://db/app --collection fastmcp_state --no-overwrite\n"
         "  kvstores copy myapp.stores:old_store mongodb://db/app --dry-run\n"
         "  KVSTORES_URL=sqlite:///state.db kvstores copy redis://redis.internal:6379/0",
+        _TARGETS.format(names="SOURCE, DEST")
+        + _FROM_ENVIRONMENT.format(name="SOURCE")
+        + "\n\nEach entry keeps its remaining TTL rounded to whole seconds (at least 1 s); expired entries"
+        "\nare skipped. SOURCE needs keys() (and collections() unless --collection is given). Memory:"
+        "\nthe key names of the largest collection plus one chunk of values. Prints one summary line;"
+        "\neach entry DEST rejects is reported on stderr, and any failure exits 1.",
     ),
 }
-"""Each operator command: what runs it, its one-line help and its examples."""
+"""Each operator command: what runs it, its one-line help, its examples and notes for ``--help``."""
 
 
 def add_parsers(commands: Any) -> None:
@@ -488,7 +503,7 @@ def add_parsers(commands: Any) -> None:
             name,
             help=command.help,
             description=command.help[0].upper() + command.help[1:] + ".",
-            epilog=f"TARGET: {_TARGET_HELP}.\n\nexamples:\n{command.examples}",
+            epilog=f"{command.notes}\n\nexamples:\n{command.examples}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         for name, command in COMMANDS.items()
@@ -514,10 +529,6 @@ def add_parsers(commands: Any) -> None:
     copy.add_argument("--collection", action="append", metavar="NAME", help="copy only this collection (repeatable)")
     copy.add_argument("--no-overwrite", action="store_true", help="keep entries DEST already has")
     copy.add_argument("--dry-run", action="store_true", help="read and count, write nothing")
-    copy.epilog += (
-        "\n\nEach entry keeps its remaining TTL rounded to whole seconds (at least 1 s); expired entries"
-        "\nare skipped. Memory: the key names of the largest collection plus one chunk of values."
-    )
 
 
 def _count(text: str) -> int:
