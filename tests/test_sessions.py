@@ -27,7 +27,7 @@ from kvstores.sessions import (
     http_app,
 )
 from tests.support import Backend
-from tests.support.events import DROP_AFTER, PROTOCOL_VERSION, STEPS, FlakyStore, RawSession, serving
+from tests.support.events import DROP_AFTER, PROTOCOL_VERSION, STEPS, FlakyStore, RawSession, serving, sse_events
 from tests.support.fixtures import rows
 from tests.support.sessions import TOKENS, Router, SessionServer, build_app, routed_client
 
@@ -272,3 +272,29 @@ async def test_http_app_refuses_what_it_cannot_make_durable() -> None:
         SessionRegistry(object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="idle_ttl"):
         SessionRegistry(MemoryStore(), idle_ttl=0)
+
+
+async def test_events_of_one_session_never_replay_to_another(tmp_path: Path) -> None:
+    async def events_of(stream: Any) -> list[dict[str, str]]:
+        found = []
+        with anyio.fail_after(10):
+            async with stream as response:
+                async for event in sse_events(response):
+                    found.append(event)
+                    if '"result"' in event.get("data", ""):
+                        break
+        return found
+
+    async with (
+        open_store(f"sqlite:///{tmp_path / 'events.db'}") as store,
+        serving(build_app(store, idle_ttl=IDLE_TTL)) as url,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        owner = await RawSession(http, url).open()
+        before = await events_of(owner.call(1, "long_task", {}))
+        await asyncio.sleep(0.3)
+        thief = await RawSession(http, url).open()
+        stolen = await events_of(thief.resume(before[-1]["id"]))
+        resumed = await events_of(owner.resume(before[-1]["id"]))
+    assert [event for event in stolen if event.get("data")] == []
+    assert json.loads(resumed[-1]["data"])["result"]["content"][0]["text"] == "done"
