@@ -14,13 +14,14 @@ Layout (schema version 1; ``"kvstores_entries"`` by default, or the ``table`` op
 
 Names can be 1,024 characters, up to 4 KiB of UTF-8 each: more than a B-tree index entry holds
 (about 2.7 KB). So the primary key is a pair of fixed-size SHA-256 digests; the full names are
-stored beside them and every statement compares them too, so a pair's row is found by the
-index and matched exactly (injective without relying on the digest). ``keys()`` and
+stored beside them and compared too (in the statement; bulk reads match the returned names),
+so a pair's row is found by the index and matched exactly (injective without relying on the
+digest). ``keys()`` and
 ``destroy_collection()`` use the index's ``collection_id`` prefix. Names are ``bytea`` because
 PostgreSQL ``text`` cannot hold NUL, which keys may contain (read them with
 ``convert_from(key, 'UTF8')``). The value is ``text`` rather than ``jsonb``: ``jsonb`` would
-reorder keys, drop duplicates and turn big ints into numerics, and kvstores only ever needs the
-text back. The row with the empty collection (no kvstores collection is empty) holds the
+reorder keys, reject ``\\u0000`` in strings and parse every value on the server, and kvstores
+only ever needs its own text back. The row with the empty collection (no kvstores collection is empty) holds the
 schema version; a table of another version raises KVStoreError rather than being misread.
 
 Expiry uses the database clock: ``expires_at = now() + ttl`` and every read filters
@@ -51,8 +52,7 @@ above and insert the version row), then ``ALTER TABLE ... OWNER TO`` the applica
 URLs: ``postgresql://user:password@host:5432/database`` (or ``postgres://``), passed to
 asyncpg unchanged apart from the store's own query options (``table``, ``timeout``,
 ``max_connections``, ``statement_cache_size``, ``sweep_interval``, ``default_collection``,
-``batching``), so
-libpq-style options work (``?sslmode=verify-full``, ``?sslrootcert=...``,
+``batching``), so libpq-style options work (``?sslmode=verify-full``, ``?sslrootcert=...``,
 ``?target_session_attrs=read-write``) and any other query option is a server setting
 (``?search_path=app``).
 
@@ -64,13 +64,19 @@ the server refuses, shuts down or cancels the statement, StoreConnectionError);
 set 0 behind PgBouncer in transaction mode: asyncpg then uses unnamed statements, which
 costs a second round trip per call); ``sweep_interval``; ``default_collection``; ``batching``
 (concurrent single-key gets and puts ride together in one statement; on unless
-``KVSTORES_BATCHING=off``); other
-keyword options go to ``asyncpg.create_pool`` (e.g. ``ssl=``, ``server_settings=``). Or
-pass ``pool=`` an ``asyncpg.Pool`` you own: the store never closes it, and its own settings
-(size, statement cache) apply. The database should use the UTF8 encoding.
+``KVSTORES_BATCHING=off``); other keyword options go to ``asyncpg.create_pool`` (e.g.
+``ssl=``, ``server_settings=``). Or pass ``pool=`` an ``asyncpg.Pool`` you own: the store
+never closes it, and its own settings (size, statement cache, reset) apply. The database
+should use the UTF8 encoding.
 
-A connection the server closed is replaced by the pool at the next call, so the same store
-object works again once the server is back.
+The store's own pool connects on demand and skips asyncpg's per-release session reset (a
+round trip per call: the store's statements leave no session state behind). Errors: a
+refused or lost connection, a server shutting down or starting, a full server, a statement
+cancelled or timed out (``statement_timeout``, ``lock_timeout``) and the store's own
+deadline raise StoreConnectionError with asyncpg's error as ``__cause__``; a connection left
+broken is dropped, and a timed-out statement is cancelled on the server, so the pool serves
+the next call with a fresh connection and the same store object works again once the server
+is back. Any other asyncpg error raises KVStoreError.
 """
 
 from __future__ import annotations
