@@ -9,11 +9,11 @@ missing extra or bad arguments, exit 1 for a failed operation, an absent key or 
 ``copy`` could not copy.
 
 ``copy`` streams one collection at a time: it lists the collection's keys (``keys()`` returns
-them all at once on every kvstores backend, so the key names of the largest collection are
-the one thing held in full), then reads the entries with ``ttl_many`` in chunks of
-:data:`CHUNK` and writes each chunk with ``put_many``, one call per remaining TTL rounded to
-whole seconds (at least 1 s), a few calls in flight at once. So memory is bounded by the key
-names of one collection plus one chunk of values, whatever the size of the store.
+them all at once on every kvstores backend, and the protocol has no cursor, so the key names
+of the largest collection are the one thing held in full), then reads the entries with
+``ttl_many`` in chunks of :data:`CHUNK` and writes each chunk with ``put_many``, one call per
+remaining TTL rounded to the millisecond, a few calls in flight at once. So memory is bounded
+by the key names of one collection plus one chunk of values, whatever the size of the store.
 """
 
 from __future__ import annotations
@@ -286,9 +286,14 @@ def _progress() -> _Progress:
         return _Quiet()
 
 
-def _rounded(ttl: float | None) -> int | None:
-    """The TTL written to DEST: whole seconds, at least 1 (None: never expires)."""
-    return None if ttl is None else max(1, round(ttl))
+def _rounded(ttl: float | None) -> float | None:
+    """The TTL written to DEST: the remaining TTL to the millisecond (None: never expires).
+
+    Milliseconds, not whole seconds: every backend keeps them, and a TTL rounded to seconds
+    drifts by up to half a second on each copy. Entries written together (one put_many)
+    share an expiry and so, read together, one rounded TTL and one put_many call.
+    """
+    return None if ttl is None else max(0.001, round(ttl, 3))
 
 
 @dataclass
@@ -352,18 +357,18 @@ class _Copy:
         return value, ttl
 
     async def _write(self, collection: str, entries: list[tuple[str, dict[str, Any], float | None]]) -> None:
-        groups: dict[int | None, list[tuple[str, dict[str, Any]]]] = {}
+        groups: dict[float | None, list[tuple[str, dict[str, Any]]]] = {}
         for key, value, ttl in entries:
             groups.setdefault(_rounded(ttl), []).append((key, value))
         gate = asyncio.Semaphore(_WRITES_IN_FLIGHT)
 
-        async def put(ttl: int | None, group: list[tuple[str, dict[str, Any]]]) -> None:
+        async def put(ttl: float | None, group: list[tuple[str, dict[str, Any]]]) -> None:
             async with gate:
                 await self._put_group(collection, ttl, group)
 
         await asyncio.gather(*(put(ttl, group) for ttl, group in groups.items()))
 
-    async def _put_group(self, collection: str, ttl: int | None, group: list[tuple[str, dict[str, Any]]]) -> None:
+    async def _put_group(self, collection: str, ttl: float | None, group: list[tuple[str, dict[str, Any]]]) -> None:
         try:
             await self.dest.put_many(
                 [key for key, _ in group], [value for _, value in group], collection=collection, ttl=ttl
@@ -487,9 +492,9 @@ COMMANDS: dict[str, _Command] = {
         "  KVSTORES_URL=sqlite:///state.db kvstores copy redis://redis.internal:6379/0",
         _TARGETS.format(names="SOURCE, DEST")
         + _FROM_ENVIRONMENT.format(name="SOURCE")
-        + "\n\nEach entry keeps its remaining TTL rounded to whole seconds (at least 1 s); expired entries"
-        "\nare skipped. SOURCE needs keys() (and collections() unless --collection is given). Memory:"
-        "\nthe key names of the largest collection plus one chunk of values. Prints one summary line;"
+        + "\n\nEach entry keeps its remaining TTL, to the millisecond; expired entries are skipped."
+        "\nSOURCE needs keys() (and collections() unless --collection is given). Memory: the key"
+        "\nnames of the largest collection plus one chunk of 1,000 values. Prints one summary line;"
         "\neach entry DEST rejects is reported on stderr, and any failure exits 1.",
     ),
 }
