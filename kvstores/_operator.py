@@ -24,6 +24,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,13 +288,13 @@ def _progress() -> _Progress:
 
 
 def _rounded(ttl: float | None) -> float | None:
-    """The TTL written to DEST: the remaining TTL to the millisecond (None: never expires).
+    """A TTL to the millisecond (None: never expires); at most 0 once expired.
 
     Milliseconds, not whole seconds: every backend keeps them, and a TTL rounded to seconds
     drifts by up to half a second on each copy. Entries written together (one put_many)
     share an expiry and so, read together, one rounded TTL and one put_many call.
     """
-    return None if ttl is None else max(0.001, round(ttl, 3))
+    return None if ttl is None else round(ttl, 3)
 
 
 @dataclass
@@ -318,7 +319,9 @@ class _Copy:
         self.tally.collections += 1
         progress.start(collection, len(keys))
         for chunk in chunks(keys, CHUNK):
+            read_at = time.monotonic()
             entries = await self._read(collection, chunk)
+            read_at = (read_at + time.monotonic()) / 2  # the TTLs were read around then
             if self.no_overwrite and entries:
                 present = await self.dest.get_many([key for key, _, _ in entries], collection=collection)
                 kept = [entry for entry, there in zip(entries, present) if there is None]
@@ -327,7 +330,7 @@ class _Copy:
             if self.dry_run:
                 self.tally.copied += len(entries)
             else:
-                await self._write(collection, entries)
+                await self._write(collection, entries, read_at)
             progress.advance(len(chunk))
 
     async def _read(self, collection: str, keys: Sequence[str]) -> list[tuple[str, dict[str, Any], float | None]]:
@@ -356,7 +359,10 @@ class _Copy:
             return _UNREADABLE, None
         return value, ttl
 
-    async def _write(self, collection: str, entries: list[tuple[str, dict[str, Any], float | None]]) -> None:
+    async def _write(
+        self, collection: str, entries: list[tuple[str, dict[str, Any], float | None]], read_at: float
+    ) -> None:
+        """Write ``entries`` (read at monotonic time ``read_at``): one put_many per TTL, a few at once."""
         groups: dict[float | None, list[tuple[str, dict[str, Any]]]] = {}
         for key, value, ttl in entries:
             groups.setdefault(_rounded(ttl), []).append((key, value))
@@ -364,7 +370,12 @@ class _Copy:
 
         async def put(ttl: float | None, group: list[tuple[str, dict[str, Any]]]) -> None:
             async with gate:
-                await self._put_group(collection, ttl, group)
+                # the time since the read is taken off, so that the copy expires when the original does
+                left = None if ttl is None else _rounded(ttl - (time.monotonic() - read_at))
+                if left is not None and left <= 0:
+                    self.tally.expired += len(group)
+                else:
+                    await self._put_group(collection, left, group)
 
         await asyncio.gather(*(put(ttl, group) for ttl, group in groups.items()))
 
