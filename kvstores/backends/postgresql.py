@@ -194,6 +194,12 @@ async def _keep_session(connection: asyncpg.Connection[Any]) -> None:
     """
 
 
+async def _release_quietly(pool: asyncpg.Pool[Any], connection: Any, timeout: float) -> None:
+    """Return ``connection`` to ``pool`` in the background; asyncpg drops it if that fails."""
+    with contextlib.suppress(Exception):
+        await pool.release(connection, timeout=timeout)
+
+
 def _name(raw: bytes) -> str | None:
     """A stored name as text, or None when it is not UTF-8 (so not written by kvstores)."""
     try:
@@ -331,6 +337,7 @@ class PostgreSQLStore(BaseStore):
         self._sweep_interval = sweep_interval
         self._next_sweep = 0.0
         self._ids: dict[str, tuple[bytes, bytes]] = {}
+        self._releasing: set[asyncio.Task[None]] = set()
         self._lock_id = int.from_bytes(_digest(f"kvstores {self.table}".encode())[:8], "big", signed=True)
 
     @classmethod
@@ -398,18 +405,30 @@ class PostgreSQLStore(BaseStore):
         pool = self._ready_pool or await self._ready()
         with _translated:
             async with _deadline(self._timeout):
-                connection = await pool.acquire()
+                connection: Any = await pool.acquire()
                 try:
                     return await getattr(connection, kind)(sql, *args)
                 except _BROKEN:
                     # the connection may be left mid-protocol: drop it (the pool connects anew),
-                    # since the pool's reset no longer probes it (a cancelled statement is another
-                    # matter: asyncpg cancels it on the server and release() waits for that)
+                    # since the pool's reset no longer probes it
                     with contextlib.suppress(pg_errors.InterfaceError):  # already dropped by asyncpg
                         connection.terminate()
                     raise
+                except asyncio.CancelledError:
+                    # our deadline or the caller's cancel: asyncpg is cancelling the statement on the
+                    # server; the connection returns to the pool once that is confirmed (or is dropped
+                    # after ``timeout``), off the caller's time
+                    self._release_later(pool, connection)
+                    connection = None
+                    raise
                 finally:
-                    await pool.release(connection, timeout=self._timeout)
+                    if connection is not None:
+                        await pool.release(connection, timeout=self._timeout)
+
+    def _release_later(self, pool: asyncpg.Pool[Any], connection: Any) -> None:
+        task = asyncio.get_running_loop().create_task(_release_quietly(pool, connection, self._timeout))
+        self._releasing.add(task)  # a strong reference until it is done
+        task.add_done_callback(self._releasing.discard)
 
     async def _sweep_when_due(self) -> None:
         """Delete a batch of expired rows, at most every ``sweep_interval`` seconds (run with writes)."""
