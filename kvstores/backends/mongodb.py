@@ -49,11 +49,12 @@ atomic: a failure may leave part of a batch written.
 
 Connections: ``MongoDBStore("mongodb://host:27017/db")`` (also ``mongodb+srv://``)
 creates an ``AsyncMongoClient`` that connects on first use and is closed by
-``aclose()``; ``timeout`` (seconds, default 5) sets its ``serverSelectionTimeoutMS``,
-``connectTimeoutMS`` and ``socketTimeoutMS`` (overriding the same URL options), so an
-unreachable server raises StoreConnectionError within about that time (a small multiple
-of it when pymongo retries an interrupted operation once). Other URL query options go to
-pymongo.
+``aclose()``; ``timeout`` (seconds, default 5) sets its ``timeoutMS`` (pymongo's
+client-side operation timeout, which bounds a whole operation: server selection, waiting for
+a pooled connection, connecting, the command and pymongo's one retry of an interrupted
+read or write), ``serverSelectionTimeoutMS``, ``connectTimeoutMS`` and ``socketTimeoutMS``
+(overriding the same URL options), so an unreachable, hung or blackholed server raises
+StoreConnectionError within that time. Other URL query options go to pymongo.
 Alternatively pass a client you own: a ``pymongo.AsyncMongoClient`` or a motor
 ``AsyncIOMotorClient``; the store never closes it and its own timeouts apply. Reads
 always go to the primary, so every store object sees every write at once.
@@ -209,6 +210,7 @@ class MongoDBStore(BaseStore):
             milliseconds = int(timeout * 1000)
             client = AsyncMongoClient(
                 client,
+                timeoutMS=milliseconds,  # bounds the whole operation, pymongo's own retry included
                 serverSelectionTimeoutMS=milliseconds,
                 connectTimeoutMS=milliseconds,
                 socketTimeoutMS=milliseconds,

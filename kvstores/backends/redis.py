@@ -37,17 +37,24 @@ own: the store never closes it, and the client's own settings (timeouts, retries
 size) apply.
 
 A connection refused or reset is retried twice with a short backoff, so a restarted server
-is picked up by the same store object; timeouts are not retried.
+is picked up by the same store object; timeouts are not retried. Commands that must run at
+most once are never retried once they may have been sent (pop's GETDEL, put_if_absent's
+SET NX, update's compare-and-set, DEL): the first attempt may have run before its reply was
+lost, and a second would answer wrongly (None for the value the first GETDEL removed, False
+for the value the first SET NX stored) or apply ``update``'s function twice. Such a call
+raises StoreConnectionError instead, and its outcome is unknown. A client you pass in keeps
+its own retry policy (redis-py's default retries every command, these included).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
+from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, Final, cast
+from typing import Any, Final, TypeVar, cast
 from urllib.parse import unquote
 
 from kvstores._codec import ttl_milliseconds
@@ -115,6 +122,36 @@ _UNREACHABLE = (
 )
 
 _Client = Redis | RedisCluster
+_T = TypeVar("_T")
+
+_AT_MOST_ONCE: ContextVar[bool] = ContextVar("kvstores_redis_at_most_once", default=False)
+"""True while the current task sends a command that must not be retried (see _Retry)."""
+
+
+def _never(error: Exception) -> bool:
+    return False
+
+
+class _Retry(Retry):
+    """redis-py's Retry, except for commands sent while ``_AT_MOST_ONCE`` is set: never retried.
+
+    Standalone clients retry through ``call_with_retry``; RedisCluster counts its own
+    attempts with ``get_retries()``: both are covered.
+    """
+
+    def get_retries(self) -> int:
+        return 0 if _AT_MOST_ONCE.get() else super().get_retries()
+
+    async def call_with_retry(
+        self,
+        do: Callable[[], Awaitable[_T]],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> _T:
+        if _AT_MOST_ONCE.get():
+            is_retryable = _never  # the error is raised at once; redis-py has dropped the connection
+        return await super().call_with_retry(do, fail, is_retryable, with_failure_count)
 
 
 class _Translated:
@@ -268,10 +305,10 @@ class RedisStore(BaseStore):
         scheme, separator, rest = url.partition("://")
         if scheme.lower() == _CLUSTER_SCHEME:
             # one retry: enough to follow a failover or a restarted node (it rediscovers the nodes)
-            options.setdefault("retry", Retry(backoff, 1))
+            options.setdefault("retry", _Retry(backoff, 1))
             return RedisCluster.from_url(f"redis{separator}{rest}", **options)
         # a refused or reset connection is retried (a restarted server); a timeout is not
-        options.setdefault("retry", Retry(backoff, 2, (redis_errors.ConnectionError,)))
+        options.setdefault("retry", _Retry(backoff, 2, (redis_errors.ConnectionError,)))
         return Redis.from_pool(ConnectionPool.from_url(url, **options))
 
     def _holds_connection(self) -> bool:
@@ -314,6 +351,14 @@ class RedisStore(BaseStore):
         with _translated:
             async with self._gate:
                 return await self.client.execute_command(*args)
+
+    async def _execute_once(self, *args: Any) -> Any:
+        """``_execute`` for a command that must run at most once: never retried once it may have been sent."""
+        token = _AT_MOST_ONCE.set(True)
+        try:
+            return await self._execute(*args)
+        finally:
+            _AT_MOST_ONCE.reset(token)
 
     async def _pipeline(self, commands: Iterable[Sequence[Any]]) -> list[Any]:
         """Send ``commands`` in one round trip (not a transaction) and return their replies."""
@@ -400,12 +445,12 @@ class RedisStore(BaseStore):
                     await self._put_script(keys=names[start:end], args=[milliseconds, *texts[start:end]])
 
     async def _delete(self, collection: str, key: str) -> bool:
-        return bool(await self._execute("DEL", self._head(collection) + key))
+        return bool(await self._execute_once("DEL", self._head(collection) + key))
 
     async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
         names = self._names(collection, keys)
         if len(names) <= _CHUNK:
-            return int(await self._execute("DEL", *names))
+            return int(await self._execute_once("DEL", *names))
         return sum(await self._pipeline([("DEL", *chunk) for chunk in chunks(names, _CHUNK)]))
 
     async def _keys(self, collection: str, limit: int | None) -> list[str]:
@@ -433,12 +478,16 @@ class RedisStore(BaseStore):
         milliseconds = "" if ttl is None else str(ttl_milliseconds(ttl))
         if expected is None and text is not None:  # put_if_absent: SET NX, one command
             expiry = () if ttl is None else ("PX", milliseconds)
-            return bool(await self._execute("SET", name, text, "NX", *expiry))
+            return bool(await self._execute_once("SET", name, text, "NX", *expiry))
         if expected is None:  # delete what is absent: succeed while it stays absent
             return not await self._execute("EXISTS", name)
-        with _translated:
-            async with self._gate:
-                return bool(await self._swap_script(keys=[name], args=[expected, text or "", milliseconds]))
+        token = _AT_MOST_ONCE.set(True)
+        try:
+            with _translated:
+                async with self._gate:
+                    return bool(await self._swap_script(keys=[name], args=[expected, text or "", milliseconds]))
+        finally:
+            _AT_MOST_ONCE.reset(token)
 
     async def _pop(self, collection: str, key: str) -> Stored | None:
-        return cast("Stored | None", await self._execute("GETDEL", self._head(collection) + key))
+        return cast("Stored | None", await self._execute_once("GETDEL", self._head(collection) + key))
