@@ -23,7 +23,10 @@ with the prefix and collection glob-escaped; destroy() deletes only keys under t
 never FLUSHDB. Redis expires entries itself, so ``cull()`` has nothing to do.
 
 URLs: ``redis://[user:password@]host:6379/0``, ``rediss://...`` (TLS), ``unix:///path.sock?db=0``
-and ``redis+cluster://host:port`` for a Cluster (any one node). The URL goes to redis-py's
+``redis+cluster://host:port`` for a Cluster (any one node), and
+``redis+sentinel://[user:password@]host:26379[,host2:26379...]/service_name[/db]`` for a
+primary that Redis Sentinel watches (the credentials are the primary's; pass
+``sentinel_kwargs={...}`` for the sentinels' own). The URL goes to redis-py's
 ``from_url`` unchanged apart from the store's own query options (``prefix``, ``timeout``,
 ``max_connections``, ``default_collection``), so every redis-py URL option keeps working
 (e.g. ``?health_check_interval=30``, ``?ssl_ca_certs=...``).
@@ -34,7 +37,15 @@ unreachable or hung server raises StoreConnectionError instead of hanging);
 connection instead of failing); ``default_collection``; other keyword options go to
 redis-py's client. Or pass ``client=`` a ``redis.asyncio.Redis`` or ``RedisCluster`` you
 own: the store never closes it, and the client's own settings (timeouts, retries, pool
-size) apply.
+size) apply; a client made by ``redis.asyncio.sentinel.Sentinel(...).master_for(name)`` follows
+failovers as the URL's does.
+
+Sentinel: every new connection asks the sentinels (in turn) for the current primary, and a
+connection to a primary that was demoted is dropped (redis-py turns its READONLY replies into
+connection errors). So during a failover calls raise StoreConnectionError, and once the
+sentinels have promoted a replica the same store object carries on there. Replication is
+asynchronous: writes the old primary acknowledged but had not yet sent to the replica are
+lost when it dies (SECURITY.md gives the measured window).
 
 A connection refused or reset is retried twice with a short backoff, so a restarted server
 is picked up by the same store object; timeouts are not retried. Commands that must run at
@@ -55,7 +66,7 @@ from contextlib import aclosing
 from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Final, TypeVar, cast
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
@@ -66,6 +77,7 @@ try:
     from redis import exceptions as redis_errors
     from redis.asyncio import ConnectionPool, Redis, RedisCluster
     from redis.asyncio.retry import Retry
+    from redis.asyncio.sentinel import Sentinel
     from redis.backoff import ExponentialBackoff
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("redis", "redis") from exc
@@ -76,6 +88,8 @@ DEFAULT_PREFIX = "kvstores"
 """The key prefix used when none is given."""
 
 _CLUSTER_SCHEME = "redis+cluster"
+_SENTINEL_SCHEME = "redis+sentinel"
+_SENTINEL_PORT: Final = 26379
 _STORE_QUERY_OPTIONS = {"prefix": str, "timeout": float, "max_connections": int, "default_collection": str}
 _CHUNK: Final = 1_000  # keys per MGET / DEL
 _ATOMIC_CHUNK: Final = 10_000  # keys per put_many script call
@@ -277,6 +291,7 @@ class RedisStore(BaseStore):
         self.prefix = prefix
         self._pattern = _glob(prefix) + "{*"  # every key under the prefix
         self._owns_client = client is None
+        self._sentinel: Sentinel | None = None
         if client is None:
             assert url is not None
             client = self._connect(url, timeout, max_connections, client_options)
@@ -289,12 +304,11 @@ class RedisStore(BaseStore):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
-        """Open ``redis://``, ``rediss://``, ``unix://`` or ``redis+cluster://`` URLs."""
+        """Open ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://`` or ``redis+sentinel://`` URLs."""
         url, query = split_url_options(url, _STORE_QUERY_OPTIONS)
         return cls(url, **{**query, **options})
 
-    @staticmethod
-    def _connect(url: str, timeout: float, max_connections: int, options: dict[str, Any]) -> _Client:
+    def _connect(self, url: str, timeout: float, max_connections: int, options: dict[str, Any]) -> _Client:
         backoff = ExponentialBackoff(cap=0.5, base=0.05)
         options = {
             "socket_timeout": timeout,
@@ -309,7 +323,36 @@ class RedisStore(BaseStore):
             return RedisCluster.from_url(f"redis{separator}{rest}", **options)
         # a refused or reset connection is retried (a restarted server); a timeout is not
         options.setdefault("retry", _Retry(backoff, 2, (redis_errors.ConnectionError,)))
+        if scheme.lower() == _SENTINEL_SCHEME:
+            return self._connect_sentinel(url, options)
         return Redis.from_pool(ConnectionPool.from_url(url, **options))
+
+    def _connect_sentinel(self, url: str, options: dict[str, Any]) -> Redis:
+        """A client of the primary of ``redis+sentinel://[user:password@]host:port[,...]/service[/db]``."""
+        parts = urlsplit(url)
+        credentials, _, hosts = parts.netloc.rpartition("@")
+        username, has_password, password = credentials.partition(":")
+        path = [unquote(segment) for segment in parts.path.split("/")[1:]]
+        if not path or not path[0] or len(path) > 2 or not hosts:
+            raise ValueError("expected redis+sentinel://host:port[,host:port...]/service_name[/db]")
+        if parts.query:
+            raise ValueError("redis+sentinel:// URLs take no options other than the store's own")
+        sentinels = []
+        for address in hosts.split(","):
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():  # no port: the sentinels' default
+                host, port = address, str(_SENTINEL_PORT)
+            sentinels.append((host.strip("[]"), int(port)))
+        sentinel_options = options.pop("sentinel_kwargs", None) or {
+            name: value for name, value in options.items() if name.startswith("socket_")
+        }
+        self._sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+        if username:
+            options.setdefault("username", unquote(username))
+        if has_password:
+            options.setdefault("password", unquote(password))
+        db = int(path[1]) if len(path) == 2 and path[1] else 0
+        return cast(Redis, self._sentinel.master_for(path[0], db=db, **options))
 
     def _holds_connection(self) -> bool:
         return self._owns_client and self._gate.used
@@ -318,6 +361,8 @@ class RedisStore(BaseStore):
         if self._owns_client:
             with _translated:
                 await self.client.aclose()
+                if self._sentinel is not None:
+                    await self._sentinel.aclose()
 
     # -- keys ----------------------------------------------------------------------
 
