@@ -6,14 +6,26 @@ few seconds: handshake sessions kept apart and fresh on reconnect, ctx state exp
 its TTL, and an explicit session surviving a server restart. Between phases the server
 is restarted: the store is closed and opened again from its URL, and a new FastMCP is
 built on it.
+
+The last scene runs two real server processes (``python -m kvstores._demo_server``, uvicorn
+serving :func:`kvstores.sessions.http_app` on the same store, on free loopback ports): a
+handshake session opened on the first continues, state and all, on the second once the first
+is killed, and is refused after the client closes it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,9 +36,12 @@ from kvstores.protocol import AsyncKeyValue
 from kvstores.registry import open_store
 
 try:
+    import httpx2
     from fastmcp import Client
+    from fastmcp.client.transports import StreamableHttpTransport
     from fastmcp.exceptions import ToolError
     from key_value.aio.wrappers.ttl_clamp import TTLClampWrapper
+    from mcp.shared.exceptions import MCPError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("fastmcp", "fastmcp") from exc
 
@@ -36,6 +51,14 @@ DEFAULT_STORE = "sqlite:///kvstores-demo.db"
 """The store the demo uses unless given ``--store``: a file in the working directory."""
 
 _EXPIRY_SECONDS = 1.0
+
+_SERVER_START_SECONDS = 30.0
+"""How long a server process may take to start serving (importing fastmcp is most of it)."""
+
+_SERVER_STOP_SECONDS = 5.0
+"""How long a server process may take to exit after SIGTERM before it is killed."""
+
+_HTTP_TIMEOUT_SECONDS = 10.0
 
 
 class _Demo:
@@ -152,6 +175,175 @@ async def _after_restart(demo: _Demo, session_id: str) -> None:
             demo.check(found.is_error, f"{demo.url} keeps nothing once closed, so the session is gone")
 
 
+async def _durable_session(demo: _Demo) -> None:
+    print("\n[servers A and B] durable sessions: a handshake session moves to another process (kvstores.sessions)")
+    if _in_process(demo.url):
+        demo.step(f"skipped: {demo.url} lives inside one process, so two server processes cannot share it")
+        return
+    if importlib.util.find_spec("uvicorn") is None:
+        demo.step("skipped: uvicorn is not installed (it comes with fastmcp)")
+        return
+    demo.step(f"two uvicorn processes serve kvstores.sessions.http_app on {demo.url}:")
+    async with _server_processes(demo.url, "A", "B") as (a, b):
+        demo.step(f"  server A (pid {a.process.pid}) on {a.url}, server B (pid {b.process.pid}) on {b.url}")
+        balancer = _Balancer(a)
+        async with _legacy_client(balancer) as client:
+            session_id = await _session(client)
+            await _call(client, "set_value", key="user", value="Alice")
+            answered_by = await _call(client, "server_name")
+            demo.step(f"server {answered_by}: a handshake client (mode='legacy') opens session {session_id}")
+            demo.step(f"server {answered_by}: the client sets user='Alice'")
+            a.kill()
+            balancer.server = b
+            demo.step("server A is killed; the client's next requests go to server B, which has never seen the session")
+            try:
+                answered_by, continued = await _call(client, "server_name"), await _session(client)
+                user = await _call(client, "get_value", key="user")
+            except MCPError as exc:
+                demo.check(False, f"server B refused the session: {exc}")
+                return
+            demo.step(f"server {answered_by}: session {continued}, the client reads user -> {user!r}")
+            demo.check(
+                (answered_by, continued) == ("B", session_id),
+                "the same session continued on server B (adopted from the session registry on the store)",
+            )
+            demo.check(user == "Alice", "the state set on server A was read back on server B")
+        demo.step(f"server B: the client closes the session: DELETE -> {balancer.closed_with}")
+        refused = await _post_in_session(b.url, session_id)
+        demo.step(f"server B: a request in session {session_id} -> {refused.status_code} {_error_message(refused)}")
+        demo.check(refused.status_code == 404, "a closed session is refused: its id cannot be used again")
+
+
+class _ServerFailed(Exception):
+    """A server process of the durable-session scene exited, or did not start serving in time."""
+
+
+class _ServerProcess:
+    """``python -m kvstores._demo_server`` on a free loopback port, its output in a log file."""
+
+    def __init__(self, name: str, store_url: str, log_dir: Path) -> None:
+        self.name = name
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.log = log_dir / f"server-{name}.log"
+        arguments = ["--store", store_url, "--port", str(self.port), "--name", name]
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "kvstores._demo_server", *arguments], stdout=log, stderr=subprocess.STDOUT
+            )
+
+    async def wait_until_serving(self, deadline: float) -> None:
+        """Return once the server accepts connections (uvicorn listens once its startup is done)."""
+        while True:
+            if self.process.poll() is not None:
+                raise _ServerFailed(
+                    f"server {self.name} exited with code {self.process.returncode}:\n{self._log_tail()}"
+                )
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise _ServerFailed(f"server {self.name} did not start serving:\n{self._log_tail()}") from None
+                await asyncio.sleep(0.05)
+            else:
+                writer.close()
+                await writer.wait_closed()
+                return
+
+    def kill(self) -> None:
+        """End the process at once: it hands nothing over at shutdown."""
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it is still running a few seconds later."""
+        if self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(_SERVER_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def _log_tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-10:])
+
+
+@asynccontextmanager
+async def _server_processes(store_url: str, *names: str) -> AsyncIterator[list[_ServerProcess]]:
+    """Start one server process per name on ``store_url``, wait until all serve; stop them however the scene ends."""
+    with tempfile.TemporaryDirectory(prefix="kvstores-demo-") as log_dir:
+        servers: list[_ServerProcess] = []
+        try:
+            servers.extend(_ServerProcess(name, store_url, Path(log_dir)) for name in names)
+            deadline = time.monotonic() + _SERVER_START_SECONDS
+            for server in servers:
+                await server.wait_until_serving(deadline)
+            yield servers
+        finally:
+            for server in servers:
+                server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class _Balancer(httpx2.AsyncBaseTransport):
+    """The demo's load balancer: sends every request to ``server``, whatever port its URL names."""
+
+    def __init__(self, server: _ServerProcess) -> None:
+        self.server = server
+        self.closed_with: int | None = None
+        """The status of the client's DELETE, once it has closed its session."""
+        self._inner = httpx2.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        request.url = request.url.copy_with(port=self.server.port)
+        response = await self._inner.handle_async_request(request)
+        if request.method == "DELETE":
+            self.closed_with = response.status_code
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _legacy_client(balancer: _Balancer) -> Client[StreamableHttpTransport]:
+    """A handshake-era client whose requests go wherever ``balancer`` points."""
+
+    def http_client(
+        headers: dict[str, str] | None = None,
+        timeout: httpx2.Timeout | None = None,
+        auth: httpx2.Auth | None = None,
+        **options: Any,
+    ) -> httpx2.AsyncClient:
+        timeout = timeout or httpx2.Timeout(_HTTP_TIMEOUT_SECONDS)
+        return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, transport=balancer, **options)
+
+    return Client(StreamableHttpTransport(balancer.server.url, httpx_client_factory=http_client), mode="legacy")
+
+
+async def _post_in_session(url: str, session_id: str) -> httpx2.Response:
+    """A tools/list request in session ``session_id``, as a client that kept the id would send it."""
+    headers = {"accept": "application/json, text/event-stream", "mcp-session-id": session_id}
+    async with httpx2.AsyncClient(timeout=_HTTP_TIMEOUT_SECONDS) as http:
+        response: httpx2.Response = await http.post(
+            url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=headers
+        )
+    return response
+
+
+def _error_message(response: httpx2.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.reason_phrase
+
+
 def _in_process(url: str) -> bool:
     """True for stores that live only as long as the store object (memory, SQLite :memory:)."""
     return urlsplit(url).scheme == "memory" or ":memory:" in url
@@ -165,8 +357,15 @@ async def _run(url: str) -> int:
         await _expiry(demo)
         session_id = await _explicit_session(demo)
         await _after_restart(demo, session_id)
+        await _durable_session(demo)
     except (KVStoreError, ToolError) as exc:
         print(f"\ndemo stopped: the store failed: {exc}")
+        return 1
+    except _ServerFailed as exc:
+        print(f"\ndemo stopped: {exc}")
+        return 1
+    except (MCPError, httpx2.HTTPError) as exc:
+        print(f"\ndemo stopped: a request to a server process failed: {exc!r}")
         return 1
     print("\nall steps showed what they should" if not demo.surprises else f"\n{demo.surprises} unexpected result(s)")
     return 1 if demo.surprises else 0
@@ -177,4 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvstores demo", description="FastMCP session state, step by step.")
     parser.add_argument("--store", default=DEFAULT_STORE, help=f"kvstores URL (default: {DEFAULT_STORE})")
     options = parser.parse_args(argv)
-    return asyncio.run(_run(options.store))
+    try:
+        return asyncio.run(_run(options.store))
+    except KeyboardInterrupt:
+        print("\ndemo interrupted", file=sys.stderr)
+        return 130

@@ -112,6 +112,7 @@ def test_demo_runs_without_pytest(tmp_path: Path) -> None:
     result = kvstores("demo", "--store", f"sqlite:///{tmp_path}/demo.db", blocked="pytest _pytest")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all steps showed what they should" in result.stdout
+    assert "ok: the state set on server A was read back on server B" in result.stdout
 
 
 def test_demo_without_fastmcp_names_the_extra() -> None:

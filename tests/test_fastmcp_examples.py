@@ -92,11 +92,19 @@ def test_demo_with_the_default_store(
         "ok: FastMCP's one-day TTL reached the store",
         "ok: the state expired on its TTL",
         "ok: the session survived the server restart",
+        "ok: the same session continued on server B",
+        "ok: the state set on server A was read back on server B",
+        "ok: a closed session is refused",
         "all steps showed what they should",
     ]:
         assert shown in output
     assert "UNEXPECTED" not in output
     assert output.count("server restarted") == 3
+    # one session id throughout: opened on A, continued on B, refused on B after the DELETE
+    scene = output[output.index("[servers A and B]") :]
+    session_ids = re.findall(r"session ([0-9a-f]{32})", scene)
+    assert len(session_ids) == 3 and len(set(session_ids)) == 1, scene
+    assert f"a request in session {session_ids[0]} -> 404" in scene
 
 
 def test_demo_on_memory_says_the_session_is_gone(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,49 @@
+"""The server process of ``kvstores demo``'s durable-session scene.
+
+``python -m kvstores._demo_server --store URL --port PORT --name NAME`` serves
+:func:`kvstores.harness.state_server` on the store at URL through
+:func:`kvstores.sessions.http_app` with uvicorn on ``127.0.0.1:PORT``, plus a ``server_name``
+tool answering NAME, so that the demo shows which process answered each request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import uvicorn
+
+from kvstores.harness import state_server
+from kvstores.registry import open_store
+from kvstores.sessions import http_app
+
+__all__ = ["main"]
+
+
+async def _serve(store_url: str, port: int, name: str) -> None:
+    async with open_store(store_url) as store:
+        mcp = state_server(store)
+
+        @mcp.tool
+        def server_name() -> str:
+            """Which of the demo's server processes answered."""
+            return name
+
+        config = uvicorn.Config(
+            http_app(mcp, store=store), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
+        )
+        await uvicorn.Server(config).serve()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve until SIGINT or SIGTERM."""
+    parser = argparse.ArgumentParser(prog="python -m kvstores._demo_server", description="A server of kvstores demo.")
+    parser.add_argument("--store", required=True, help="kvstores URL shared with the other server processes")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--name", required=True, help="what the server_name tool answers")
+    options = parser.parse_args(argv)
+    asyncio.run(_serve(options.store, options.port, options.name))
+
+
+if __name__ == "__main__":
+    main()
