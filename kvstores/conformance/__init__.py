@@ -16,8 +16,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
 __all__ = ["AsyncKeyValueConformance", "EventStoreConformance", "SessionStateConformance"]
 
 if TYPE_CHECKING:
@@ -34,10 +32,11 @@ _SUITES = {
 SUITE_MODULES = tuple(_SUITES.values())
 """The modules holding the suites, whose asserts pytest rewrites."""
 
-pytest.register_assert_rewrite(*SUITE_MODULES)
-
 
 def __getattr__(name: str) -> Any:
-    if name in _SUITES:
+    if name in _SUITES:  # pytest is imported here, not with the package: kvstores.conformance.targets needs none
+        import pytest
+
+        pytest.register_assert_rewrite(*SUITE_MODULES)
         return getattr(importlib.import_module(_SUITES[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
