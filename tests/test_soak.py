@@ -201,7 +201,8 @@ async def test_soak(started: dict[str, Backend | str], capsys: pytest.CaptureFix
     assert not [str(w.message) for w in caught], [str(w.message) for w in caught][:5]
     assert peak["rss_mb"] - baseline.rss_mb <= RSS_ALLOWANCE_MB, report
     assert peak["fds"] - baseline.fds <= 2, report
-    # workers plus transient batch flushers (one per coalescer: two a store) and the drivers' own
-    assert peak["tasks"] <= len(stores) * (WORKERS + 2) + 6, report
+    # the workers, the test, transient batch flushers (one per coalescer: two a store) and the
+    # drivers' own background tasks (pymongo's monitors): a leak of one task per many calls exceeds it
+    assert peak["tasks"] <= len(stores) * (WORKERS + 2) + 10, report
     for server, count in end.server_connections.items():
         assert count <= max(s.server_connections[server] for s in samples[:2]) + 1, report
