@@ -349,14 +349,12 @@ class PostgreSQLStore(BaseStore):
     # -- connection ------------------------------------------------------------------
 
     async def _ready(self) -> asyncpg.Pool[Any]:
-        """The pool, created on first use, with the table created and its version checked."""
+        """The pool, created on first use, with the table created and its version checked (run by _query)."""
         async with self._opening:
             if self._ready_pool is None:
-                with _translated:
-                    if self.pool is None:
-                        self.pool = await asyncpg.create_pool(self._url, **self._pool_options)
-                    async with _deadline(self._timeout):
-                        await self._check_schema(self.pool)
+                if self.pool is None:
+                    self.pool = await asyncpg.create_pool(self._url, **self._pool_options)
+                await self._check_schema(self.pool)
                 self._ready_pool = self.pool
         return self._ready_pool
 
@@ -402,9 +400,9 @@ class PostgreSQLStore(BaseStore):
 
     async def _query(self, kind: str, sql: str, *args: Any) -> Any:
         """Run ``sql`` on a pool connection with asyncpg's ``kind`` method (fetch, fetchval...)."""
-        pool = self._ready_pool or await self._ready()
         with _translated:
-            async with _deadline(self._timeout):
+            async with _deadline(self._timeout):  # first use included: waiting for another opener too
+                pool = self._ready_pool or await self._ready()
                 connection: Any = await pool.acquire()
                 try:
                     return await getattr(connection, kind)(sql, *args)
