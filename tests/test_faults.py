@@ -264,23 +264,7 @@ async def test_latency_spike_slows_calls_that_still_succeed(target: Target) -> N
     await load.verify(target.direct, target.row)
 
 
-PG_RELEASE_WAITS = pytest.mark.xfail(
-    strict=True,
-    reason="PostgreSQLStore: a call whose statement timed out then waits up to another `timeout` in "
-    "pool.release() for the server to confirm the cancel, so through a blackhole a call fails after "
-    "2 x timeout (4 x with batching) instead of timeout",
-)
-"""A known defect of the PostgreSQL store (reported), on the rows that meet it."""
-
-
-@pytest.mark.parametrize(
-    "backend",
-    [
-        *rows("redis", "mongodb"),
-        *(pytest.param(*row.values, marks=[*row.marks, PG_RELEASE_WAITS], id=row.id) for row in rows("postgresql")),
-    ],
-    indirect=True,
-)
+@networked
 async def test_blackhole_fails_fast_then_the_same_store_recovers(target: Target) -> None:
     load = Load(target.store)
     await load.run(0.5)

@@ -284,6 +284,14 @@ async def test_listing_and_destroy_never_touch_other_keys(acl_redis: RedisServer
 # -- secrets --------------------------------------------------------------------------------
 
 
+PYMONGO_LEAKS_A_REFUSED_SOCKET = [
+    pytest.mark.filterwarnings("ignore:unclosed <socket:ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
+"""pymongo 4.20 itself sometimes leaves a socket whose connection was refused unclosed (seen with
+a bare AsyncMongoClient too, with or without timeoutMS): not the store's doing."""
+
+
 def _secret_cases() -> list[Any]:
     closed = free_port()
     return [
@@ -298,7 +306,10 @@ def _secret_cases() -> list[Any]:
             id="sentinel",
         ),
         pytest.param(
-            f"mongodb://app:{SECRET}@127.0.0.1:{closed}/db", {"timeout": 1}, marks=pytest.mark.mongodb, id="mongodb"
+            f"mongodb://app:{SECRET}@127.0.0.1:{closed}/db",
+            {"timeout": 1},
+            marks=[pytest.mark.mongodb, *PYMONGO_LEAKS_A_REFUSED_SOCKET],
+            id="mongodb",
         ),
         pytest.param(
             f"postgresql://app:{SECRET}@127.0.0.1:{closed}/db",
