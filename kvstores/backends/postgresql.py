@@ -90,6 +90,7 @@ import time
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from kvstores._optional import missing_extra
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, split_url_options
@@ -386,6 +387,12 @@ class PostgreSQLStore(BaseStore):
 
     def _holds_connection(self) -> bool:
         return self._owns_pool and self.pool is not None
+
+    def _server_address(self) -> tuple[str, int] | None:
+        if self._url is None:
+            return None  # a pool the user made: its address is asyncpg's to know
+        parts = urlsplit(self._url)
+        return (parts.hostname or "localhost", parts.port or 5432)
 
     async def _close(self) -> None:
         async with self._opening:
