@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -284,47 +285,31 @@ async def test_listing_and_destroy_never_touch_other_keys(acl_redis: RedisServer
 # -- secrets --------------------------------------------------------------------------------
 
 
-PYMONGO_LEAKS_A_REFUSED_SOCKET = [
-    pytest.mark.filterwarnings("ignore:unclosed <socket:ResourceWarning"),
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+SECRET_URLS = [
+    pytest.param(f"redis://app:{SECRET}@127.0.0.1:{{port}}/0", marks=pytest.mark.redis, id="redis"),
+    pytest.param(f"rediss://app:{SECRET}@127.0.0.1:{{port}}/0", marks=pytest.mark.redis, id="rediss"),
+    pytest.param(f"redis+sentinel://app:{SECRET}@127.0.0.1:{{port}}/primary/0", marks=pytest.mark.redis, id="sentinel"),
+    pytest.param(f"mongodb://app:{SECRET}@127.0.0.1:{{port}}/db", marks=pytest.mark.mongodb, id="mongodb"),
+    pytest.param(f"postgresql://app:{SECRET}@127.0.0.1:{{port}}/db", marks=pytest.mark.postgresql, id="postgresql"),
 ]
-"""pymongo 4.20 itself sometimes leaves a socket whose connection was refused unclosed (seen with
-a bare AsyncMongoClient too, with or without timeoutMS): not the store's doing."""
+"""URLs with a password, of a server that accepts connections and never answers (``{port}``)."""
 
 
-def _secret_cases() -> list[Any]:
-    closed = free_port()
-    return [
-        pytest.param(f"redis://app:{SECRET}@127.0.0.1:{closed}/0", {"timeout": 1}, marks=pytest.mark.redis, id="redis"),
-        pytest.param(
-            f"rediss://app:{SECRET}@127.0.0.1:{closed}/0", {"timeout": 1}, marks=pytest.mark.redis, id="rediss"
-        ),
-        pytest.param(
-            f"redis+sentinel://app:{SECRET}@127.0.0.1:{closed}/primary/0",
-            {"timeout": 1},
-            marks=pytest.mark.redis,
-            id="sentinel",
-        ),
-        pytest.param(
-            f"mongodb://app:{SECRET}@127.0.0.1:{closed}/db",
-            {"timeout": 1},
-            marks=[pytest.mark.mongodb, *PYMONGO_LEAKS_A_REFUSED_SOCKET],
-            id="mongodb",
-        ),
-        pytest.param(
-            f"postgresql://app:{SECRET}@127.0.0.1:{closed}/db",
-            {"timeout": 1},
-            marks=pytest.mark.postgresql,
-            id="postgresql",
-        ),
-    ]
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port whose listener never accepts: connections hang until the client times out."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield listener.getsockname()[1]
 
 
-@pytest.mark.parametrize(("url", "options"), _secret_cases())
+@pytest.mark.parametrize("template", SECRET_URLS)
 async def test_secrets_stay_out_of_repr_errors_and_logs(
-    url: str, options: dict[str, Any], caplog: pytest.LogCaptureFixture
+    template: str, silent_port: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
+    url, options = template.format(port=silent_port), {"timeout": 1}
     # redis+sentinel:// through RedisStore until the registry names the scheme
     store = RedisStore.from_url(url, **options) if url.startswith("redis+sentinel") else open_store(url, **options)
     try:

@@ -78,7 +78,7 @@ try:
     from redis.asyncio import ConnectionPool, Redis, RedisCluster
     from redis.asyncio.retry import Retry
     from redis.asyncio.sentinel import Sentinel
-    from redis.backoff import ExponentialBackoff
+    from redis.backoff import ExponentialBackoff, NoBackoff
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("redis", "redis") from exc
 
@@ -346,6 +346,9 @@ class RedisStore(BaseStore):
         sentinel_options = options.pop("sentinel_kwargs", None) or {
             name: value for name, value in options.items() if name.startswith("socket_")
         }
+        # each sentinel is asked once per look-up, the next one on failure: redis-py's default
+        # (3 retries with backoff up to 10 s per sentinel) would hold a call for tens of seconds
+        sentinel_options.setdefault("retry", Retry(NoBackoff(), 0))
         self._sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
         if username:
             options.setdefault("username", unquote(username))
