@@ -30,6 +30,7 @@ SCHEMES: dict[str, str] = {
     "rediss": "kvstores.backends.redis:RedisStore",
     "unix": "kvstores.backends.redis:RedisStore",
     "redis+cluster": "kvstores.backends.redis:RedisStore",
+    "redis+sentinel": "kvstores.backends.redis:RedisStore",
     "mongodb": "kvstores.backends.mongodb:MongoDBStore",
     "mongodb+srv": "kvstores.backends.mongodb:MongoDBStore",
     "postgresql": "kvstores.backends.postgresql:PostgreSQLStore",
