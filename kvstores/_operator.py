@@ -42,6 +42,7 @@ CHUNK = 1_000
 _WRITES_IN_FLIGHT = 8  # put_many calls of one chunk running at once
 _FAILURES_SHOWN = 20  # failed entries printed one per line; the rest are counted
 _DEFAULT_LIMIT = 1_000
+_LINE = 400  # characters of an error line
 _UNREADABLE: Any = object()  # in place of the value of an entry the source could not read
 _FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
@@ -559,14 +560,20 @@ def run(options: argparse.Namespace) -> int:
     try:
         return int(asyncio.run(COMMANDS[options.command].run(options)))
     except _Failed as exc:
-        print(f"kvstores {options.command}: {exc}", file=sys.stderr)
+        _complain(options.command, str(exc))
         return exc.code
     except ImportError as exc:  # a missing extra (rich, a driver): the message names it
-        print(f"kvstores {options.command}: {exc}", file=sys.stderr)
+        _complain(options.command, str(exc))
         return 2
     except Exception as exc:
-        print(f"kvstores {options.command}: {_line(exc)}", file=sys.stderr)
+        _complain(options.command, _line(exc))
         return 1
     except KeyboardInterrupt:
-        print(f"kvstores {options.command}: interrupted", file=sys.stderr)
+        _complain(options.command, "interrupted")
         return 130
+
+
+def _complain(command: str, message: str) -> None:
+    """Print ``message`` as one line of at most :data:`_LINE` characters (drivers' messages run long)."""
+    line = " ".join(message.split())
+    print(f"kvstores {command}: {line if len(line) <= _LINE else line[: _LINE - 3] + '...'}", file=sys.stderr)
