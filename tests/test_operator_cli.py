@@ -87,9 +87,9 @@ def table(started: dict[str, Backend | str]) -> Iterator[Callable[[str, str], st
     def url(name: str, namespace: str) -> str:
         if name not in started:
             try:
-                entry = load(name)
-                entry.start()
-                started[name] = entry
+                loaded = load(name)
+                loaded.start()
+                started[name] = loaded
             except (Unavailable, ImportError) as exc:
                 started[name] = f"{name} unavailable: {exc}"
         entry = started[name]
@@ -346,10 +346,12 @@ def test_round_trip_sqlite_redis_mongodb_sqlite_keeps_values_and_ttls(
             key: value for key, (value, _) in items.items()
         }
     for (collection, key), expiry in expiries(last).items():
-        if expected[collection, key] is None:
+        original = expected[collection, key]
+        if original is None:
             assert expiry is None, (collection, key)
         else:
-            assert expiry is not None and abs(expiry - expected[collection, key]) < 1.0, (collection, key)
+            assert expiry is not None, (collection, key)
+            assert abs(expiry - original) < 1.0, (collection, key, expiry - original)
 
 
 def test_copy_from_py_key_value_memory_store(tmp_path: Path) -> None:
