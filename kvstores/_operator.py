@@ -62,10 +62,10 @@ def _looks_like_target(argument: str) -> bool:
     return is_url(argument) or _FACTORY.fullmatch(argument) is not None
 
 
-def _from_environment() -> str:
+def _from_environment(name: str) -> str:
     url = os.environ.get(URL_VARIABLE)
     if not url:
-        raise _Failed(f"no TARGET given and ${URL_VARIABLE} is not set", 2)
+        raise _Failed(f"no {name} given and ${URL_VARIABLE} is not set", 2)
     return url
 
 
@@ -82,7 +82,7 @@ def _split(arguments: Sequence[str], names: Sequence[str], optional: int = 0) ->
         raise _Failed(f"expected {' '.join(names)}, got {len(given)} argument(s)", 2)
     lone = len(given) < most and not (given and _looks_like_target(given[0])) and os.environ.get(URL_VARIABLE)
     if len(given) < least or lone:
-        given.insert(0, _from_environment())
+        given.insert(0, _from_environment(names[0]))
     return given + [""] * (most - len(given))
 
 
