@@ -19,7 +19,7 @@ Guarantees, the same for both:
   bits drawn once per stream. An id can only be forged by guessing a token, and an id only
   ever replays the events of its own stream.
 - ``replay_events_after(id)`` sends, in order, every event of that id's stream stored after
-  it, skips priming events (``message`` None: stored, never replayed) and returns the stream
+  it (until the replay began), skips priming events (``message`` None: stored, never replayed) and returns the stream
   id. An unknown, malformed, expired or trimmed id sends nothing and returns None. Replay
   never scans other streams.
 - Limits, each a constructor argument: ``max_events_per_stream`` (default
@@ -31,6 +31,17 @@ Guarantees, the same for both:
   and an exception there would kill the session. A backend failure is logged as a warning
   on the ``kvstores.events`` logger and the message is still delivered live, only without
   resumability.
+- A client that resumes while the server is sending loses nothing that this process sends.
+  The transport replays, then stores a priming event for the resumed stream, then registers
+  the stream for live messages; a message routed to the stream before that registration is
+  stored but not sent on the resumed connection (the SDK's replay->live window). So a replay
+  sends the events stored before it began, and a message that another task stores on that
+  stream while the replay runs is held in ``store_event`` until the replaying task has
+  stored its priming event, then a few event-loop turns more: by then the transport has
+  registered the stream and sends the message live, in order, once. The hold lasts at most
+  :data:`HANDOVER_TIMEOUT` seconds (a client too old for priming events never signals, nor
+  does a replay that the caller discards), and nothing is held while no replay of that
+  stream is running.
 
 A stream is whatever stream id the transport passes. FastMCP makes them unique per session
 (it wraps the store in its ``SessionScopedEventStore``, which also refuses another session's
@@ -42,6 +53,8 @@ with the SDK's own example store. Wrap the store per session to isolate them.
 
 from __future__ import annotations
 
+import enum
+import itertools
 import logging
 import math
 import re
@@ -63,10 +76,12 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise missing_extra("mcp", "mcp") from exc
 
 __all__ = [
+    "DEFAULT_CACHE_EVENTS_PER_STREAM",
     "DEFAULT_MAX_EVENTS_PER_STREAM",
     "DEFAULT_MAX_STREAMS",
     "DEFAULT_TTL",
     "EVENTS_COLLECTION",
+    "HANDOVER_TIMEOUT",
     "InMemoryEventStore",
     "StoreEventStore",
 ]
@@ -79,6 +94,12 @@ DEFAULT_MAX_STREAMS = 10_000
 
 DEFAULT_TTL = 3600.0
 """Seconds an event stays replayable after it was stored."""
+
+DEFAULT_CACHE_EVENTS_PER_STREAM = 32
+"""Recent events per stream that :class:`StoreEventStore` also keeps in memory, to replay without a round trip."""
+
+HANDOVER_TIMEOUT = 1.0
+"""Seconds at most that ``store_event`` holds a message back while a replay of its stream hands over."""
 
 EVENTS_COLLECTION = "kvstores_events"
 """The collection :class:`StoreEventStore` writes to by default (not the store's default collection)."""
@@ -100,9 +121,9 @@ def _parse_event_id(event_id: object) -> tuple[str, int] | None:
     return None if match is None else (match[1], int(match[2]))
 
 
-def _positive_int(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+def _positive_int(name: str, value: int, *, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
 
 
@@ -112,25 +133,125 @@ def _positive_seconds(name: str, value: float) -> float:
     return float(value)
 
 
-class _Stream:
-    """One stream's cursor: its random token, next sequence number and (in memory) its events."""
+_HANDOVER_TURNS = 8
+"""Event-loop turns a held message waits after the priming event: the transport needs one or two to register."""
 
-    __slots__ = ("events", "next_seq", "stream_id", "token", "touched")
+
+class _Slot(enum.Enum):
+    """A cached event that cannot be replayed (yet): a replay stops there rather than skip it."""
+
+    WRITING = "writing"  # its put is in flight
+    LOST = "lost"  # the store failed to keep it
+
+
+_Event = tuple[int, float, JSONRPCMessage | _Slot | None]
+"""(sequence number, monotonic time stored, message: None for a priming event)."""
+
+
+class _Replay:
+    """A replay in progress: the task running it and the last event it sends; set ``handed_over`` when done."""
+
+    __slots__ = ("deadline", "handed_over", "last", "task")
+
+    def __init__(self, last: int) -> None:
+        self.task = anyio.get_current_task().id
+        self.last = last
+        self.deadline = time.monotonic() + HANDOVER_TIMEOUT
+        self.handed_over = anyio.Event()
+
+
+class _Stream:
+    """One stream's cursor: its random token, next sequence number, recent events and the replay under way."""
+
+    __slots__ = ("events", "in_flight", "next_seq", "replay", "stream_id", "token", "touched", "written")
 
     def __init__(self, stream_id: StreamId, max_events: int) -> None:
         self.stream_id = stream_id
         self.token = secrets.token_hex(16)
         self.next_seq = 0
         self.touched = 0.0
-        self.events: deque[tuple[int, float, JSONRPCMessage | None]] = deque(maxlen=max_events)
+        self.events: deque[_Event] = deque(maxlen=max_events)
+        self.replay: _Replay | None = None
+        self.in_flight: set[int] = set()  # messages whose put has not returned yet
+        self.written: anyio.Event | None = None  # set (and dropped) when one of them returns
+
+    def begin_replay(self) -> _Replay:
+        """Record a replay of the events stored so far; later messages of other tasks wait for its handover."""
+        self.replay = replay = _Replay(self.next_seq - 1)
+        return replay
+
+    def abandon(self, replay: _Replay) -> None:
+        """The replay failed or found nothing: no stream will be registered, release what waits for it."""
+        replay.handed_over.set()
+        if self.replay is replay:
+            self.replay = None
+
+    def primed(self) -> None:
+        """A priming event was stored: by the replaying task, it means the transport registers the stream next."""
+        replay = self.replay
+        if replay is not None and replay.task == anyio.get_current_task().id:
+            replay.handed_over.set()
+
+    async def after_handover(self, seq: int) -> None:
+        """Return once no replay that leaves out event ``seq`` is still handing over (bounded by its deadline)."""
+        while (replay := self.replay) is not None and seq > replay.last:
+            if replay.task == anyio.get_current_task().id:
+                return  # stored from the replay's own callback: waiting would wait for ourselves
+            with anyio.move_on_after(replay.deadline - time.monotonic()):
+                await replay.handed_over.wait()
+            if replay.handed_over.is_set():
+                for _ in range(_HANDOVER_TURNS):  # the transport registers the stream in these turns
+                    await anyio.lowlevel.checkpoint()
+            if self.replay is replay:
+                self.replay = None  # handed over, or timed out (the transport never primed the stream)
+
+    async def settled(self, replay: _Replay) -> None:
+        """Wait (until the replay's deadline) for the puts in flight of the events the replay sends."""
+        while any(seq <= replay.last for seq in self.in_flight):
+            if self.written is None:
+                self.written = anyio.Event()
+            with anyio.move_on_after(replay.deadline - time.monotonic()) as scope:
+                await self.written.wait()
+            if scope.cancelled_caught:
+                return
+
+    def settle(self, seq: int, value: JSONRPCMessage | _Slot | None) -> None:
+        """Event ``seq`` is written (its message) or lost; wake the replays waiting for it."""
+        self.in_flight.discard(seq)
+        events = self.events
+        offset = seq - events[0][0] if events else -1
+        if 0 <= offset < len(events):
+            events[offset] = (seq, events[offset][1], value)
+        if self.written is not None:
+            self.written.set()
+            self.written = None
+
+    def cached_after(self, anchor: int, ttl: float) -> list[tuple[int, JSONRPCMessage]] | None:
+        """The replayable events after ``anchor`` up to the replay's last, or None if the anchor is not held."""
+        events = self.events
+        offset = anchor - events[0][0] if events else -1
+        if not 0 <= offset < len(events):
+            return None
+        _, stored, value = events[offset]
+        if isinstance(value, _Slot) or stored <= time.monotonic() - ttl:
+            return None
+        last = self.next_seq - 1 if self.replay is None else self.replay.last
+        later: list[tuple[int, JSONRPCMessage]] = []
+        for seq, _, message in itertools.islice(events, offset + 1, None):
+            if seq > last or isinstance(message, _Slot):
+                break  # events the replay leaves to the live stream, or a hole that must not be skipped
+            if message is not None:
+                later.append((seq, message))
+        return later
 
 
 class _Streams:
     """Streams by id and by token, least recently used first, bounded in count and idle time."""
 
-    def __init__(self, max_streams: int, max_events: int, ttl: float) -> None:
+    def __init__(self, max_streams: int, max_events: int, ttl: float, cached_events: int | None = None) -> None:
         self.max_streams = max_streams
         self.max_events = max_events
+        self.cached_events = max_events if cached_events is None else min(cached_events, max_events)
         self.ttl = ttl
         self.by_id: OrderedDict[StreamId, _Stream] = OrderedDict()
         self.by_token: dict[str, _Stream] = {}
@@ -139,7 +260,7 @@ class _Streams:
         """The stream ``stream_id`` (new if unknown), marked as used now; evicts what is over the limits."""
         stream = self.by_id.get(stream_id)
         if stream is None:
-            stream = self.by_id[stream_id] = _Stream(stream_id, self.max_events)
+            stream = self.by_id[stream_id] = _Stream(stream_id, self.cached_events)
             self.by_token[stream.token] = stream
         else:
             self.by_id.move_to_end(stream_id)
@@ -152,6 +273,23 @@ class _Streams:
         while len(by_id) > self.max_streams or next(iter(by_id.values())).touched <= idle_before:
             _, stream = by_id.popitem(last=False)
             del self.by_token[stream.token]
+
+
+async def _send(
+    stream: _Stream | None,
+    replay: _Replay | None,
+    token: str,
+    later: list[tuple[int, JSONRPCMessage]],
+    send_callback: EventCallback,
+) -> None:
+    """Send ``later``; if that fails, release the messages held for this replay's handover."""
+    try:
+        for seq, message in later:
+            await send_callback(EventMessage(message, _event_id(token, seq)))
+    except BaseException:
+        if stream is not None and replay is not None:
+            stream.abandon(replay)
+        raise
 
 
 class InMemoryEventStore(EventStore):
@@ -188,33 +326,29 @@ class InMemoryEventStore(EventStore):
         seq = stream.next_seq
         stream.next_seq = seq + 1
         stream.events.append((seq, now, message))
+        if message is None:
+            stream.primed()
+        elif stream.replay is not None:
+            await stream.after_handover(seq)
         return _event_id(stream.token, seq)
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
         """Send every later non-priming event of ``last_event_id``'s stream; return the stream id or None."""
-        found = self._events_after(last_event_id)
-        if found is None:
-            return None
-        stream, later = found
-        for seq, message in later:
-            await send_callback(EventMessage(message, _event_id(stream.token, seq)))
-        return stream.stream_id
-
-    def _events_after(self, last_event_id: EventId) -> tuple[_Stream, list[tuple[int, JSONRPCMessage]]] | None:
-        """A snapshot, so that appends during a slow replay cannot disturb it."""
         parsed = _parse_event_id(last_event_id)
         stream = None if parsed is None else self._streams.by_token.get(parsed[0])
-        if parsed is None or stream is None or not stream.events:
+        if parsed is None or stream is None:
             return None
-        offset = parsed[1] - stream.events[0][0]
-        if not 0 <= offset < len(stream.events) or stream.events[offset][1] <= time.monotonic() - self._streams.ttl:
+        replay = stream.begin_replay()
+        later = stream.cached_after(parsed[1], self._streams.ttl)
+        if later is None:
+            stream.abandon(replay)
             return None
-        events = list(stream.events)[offset + 1 :]
-        return stream, [(seq, message) for seq, _, message in events if message is not None]
+        await _send(stream, replay, stream.token, later, send_callback)
+        return stream.stream_id
 
 
 class StoreEventStore(EventStore):
-    """Events in any AsyncKeyValue: one store round trip per append, one per replay.
+    """Events in any AsyncKeyValue: one store round trip per append, at most one per replay.
 
     Layout in ``collection`` (default :data:`EVENTS_COLLECTION`): each stream is a ring of
     ``max_events_per_stream`` entries; event ``seq`` of a stream lives under the key
@@ -225,6 +359,15 @@ class StoreEventStore(EventStore):
     reads the ring in one ``get_many`` and sends the run of events that follows the given
     one, checking each entry's sequence number; it stops at a hole (an event lost while the
     store was failing) rather than skip it.
+
+    The process that appends to a stream also keeps its last ``cache_events_per_stream``
+    events in memory (default :data:`DEFAULT_CACHE_EVENTS_PER_STREAM`, at most
+    ``max_events_per_stream``, 0 to keep none), exactly as the store holds them: an event
+    counts once its ``put`` has returned, and one the store failed to keep is a hole there
+    too. A replay in that process (the one serving the session, so the one whose live stream
+    the replay hands over to) from an event still held is served from memory, without a
+    round trip; any other replay, and every replay while the store is failing, reads the
+    store. Memory for this: at most ``max_streams`` x ``cache_events_per_stream`` messages.
 
     Every entry expires ``ttl`` seconds after it was written (default :data:`DEFAULT_TTL`).
     Each stream's next sequence number lives in the memory of the process that serves its
@@ -247,6 +390,7 @@ class StoreEventStore(EventStore):
         max_streams: int = DEFAULT_MAX_STREAMS,
         ttl: float = DEFAULT_TTL,
         timeout: float | None = None,
+        cache_events_per_stream: int = DEFAULT_CACHE_EVENTS_PER_STREAM,
     ) -> None:
         self.store = store
         self.collection = collection
@@ -255,12 +399,14 @@ class StoreEventStore(EventStore):
             _positive_int("max_streams", max_streams),
             _positive_int("max_events_per_stream", max_events_per_stream),
             _positive_seconds("ttl", ttl),
+            _positive_int("cache_events_per_stream", cache_events_per_stream, minimum=0),
         )
         self._failing = False
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
         """Append ``message`` (None: a priming event) to ``stream_id``; return its id, even if the store failed."""
-        stream = self._streams.touch(stream_id, time.monotonic())
+        now = time.monotonic()
+        stream = self._streams.touch(stream_id, now)
         seq = stream.next_seq
         stream.next_seq = seq + 1
         entry = {"seq": seq, "stream": stream_id, "message": None}
@@ -268,15 +414,17 @@ class StoreEventStore(EventStore):
             entry.update(
                 kind=type(message).__name__, message=message.model_dump_json(by_alias=True, exclude_unset=True)
             )
+        stream.events.append((seq, now, _Slot.WRITING))
+        stream.in_flight.add(seq)
+        written = False
         try:
-            with self._deadline():
-                await self.store.put(
-                    self._key(stream.token, seq), entry, collection=self.collection, ttl=self._streams.ttl
-                )
-        except Exception as exc:
-            self._failed("store an event", exc)
-        else:
-            self._answered()
+            written = await self._write(stream.token, seq, entry)
+        finally:
+            stream.settle(seq, message if written else _Slot.LOST)
+        if message is None:
+            stream.primed()
+        elif stream.replay is not None:
+            await stream.after_handover(seq)
         return _event_id(stream.token, seq)
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
@@ -285,21 +433,32 @@ class StoreEventStore(EventStore):
         if parsed is None:
             return None
         token, anchor = parsed
-        try:
-            with self._deadline():
-                found = await self._events_after(token, anchor)
-        except Exception as exc:
-            self._failed("replay events", exc)
-            return None
-        self._answered()
+        stream = self._streams.by_token.get(token)
+        replay = None if stream is None else stream.begin_replay()
+        found: tuple[StreamId, list[tuple[int, JSONRPCMessage]]] | None = None
+        if stream is not None and replay is not None:
+            await stream.settled(replay)
+            later = None if self._failing else stream.cached_after(anchor, self._streams.ttl)
+            found = None if later is None else (stream.stream_id, later)
         if found is None:
+            try:
+                with self._deadline():
+                    found = await self._events_after(token, anchor, None if replay is None else replay.last)
+            except Exception as exc:
+                self._failed("replay events", exc)
+            else:
+                self._answered()
+        if found is None:
+            if stream is not None and replay is not None:
+                stream.abandon(replay)
             return None
         stream_id, later = found
-        for seq, message in later:
-            await send_callback(EventMessage(message, _event_id(token, seq)))
+        await _send(stream, replay, token, later, send_callback)
         return stream_id
 
-    async def _events_after(self, token: str, anchor: int) -> tuple[StreamId, list[tuple[int, JSONRPCMessage]]] | None:
+    async def _events_after(
+        self, token: str, anchor: int, last: int | None
+    ) -> tuple[StreamId, list[tuple[int, JSONRPCMessage]]] | None:
         seqs = range(anchor, anchor + self._streams.max_events)
         entries = await self.store.get_many([self._key(token, seq) for seq in seqs], collection=self.collection)
         first = entries[0]
@@ -307,11 +466,22 @@ class StoreEventStore(EventStore):
             return None  # unknown, expired, or overwritten by a later event
         later: list[tuple[int, JSONRPCMessage]] = []
         for seq, entry in zip(seqs[1:], entries[1:]):
-            if entry is None or entry.get("seq") != seq:
-                break  # the end of the stream, or a hole that must not be skipped
+            if entry is None or entry.get("seq") != seq or (last is not None and seq > last):
+                break  # the end of the stream, a hole that must not be skipped, or what the live stream carries
             if entry["message"] is not None:
                 later.append((seq, _MESSAGE_TYPES[entry["kind"]].model_validate_json(entry["message"])))
         return str(first["stream"]), later
+
+    async def _write(self, token: str, seq: int, entry: dict[str, object]) -> bool:
+        """Put one event; log a failure instead of raising it. True if the store kept it."""
+        try:
+            with self._deadline():
+                await self.store.put(self._key(token, seq), entry, collection=self.collection, ttl=self._streams.ttl)
+        except Exception as exc:
+            self._failed("store an event", exc)
+            return False
+        self._answered()
+        return True
 
     def _key(self, token: str, seq: int) -> str:
         return f"{token}:{seq % self._streams.max_events}"

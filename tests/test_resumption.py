@@ -1,0 +1,145 @@
+"""A client that resumes while the server goes on sending loses nothing.
+
+The MCP SDK replays stored events on a resuming GET, then mints a priming event, then registers
+the stream for live messages; a message the server routes to the stream in between is stored
+but not sent on that connection (the SDK's own source calls it the replay->live window). A slow
+event store widens that window. Here a tool closes its response stream and at once sends a burst
+of notifications and its result, and the client resumes straight away, many times over: every
+notification and the result must arrive, once each, on the resumed stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from fastmcp import Context, FastMCP
+from mcp import types
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http import EventStore
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from kvstores.events import InMemoryEventStore, StoreEventStore
+from tests.support.events import RECONNECT_MS, RawSession, note_of, serving, sse_events
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
+]
+
+RESUMPTIONS = 15
+"""Resumptions per test: each one a fresh chance to hit the window."""
+
+BURST = 12
+"""Notifications the tool sends after closing its stream, before its result."""
+
+SPACING = 0.002
+"""Seconds between two of them: the burst lasts about as long as the client takes to come back."""
+
+RESUMED_WITHIN = 5.0
+"""Seconds a resumed stream may take to deliver the result; beyond that the result was lost."""
+
+
+def expected() -> list[str]:
+    """The notifications of one call, in order."""
+    return ["start"] + [f"step {i}" for i in range(1, BURST + 1)]
+
+
+def fastmcp_app(event_store: EventStore) -> Any:
+    """FastMCP with ``burst``: a notification, close the stream, BURST more notifications, the result."""
+    mcp = FastMCP("resumption")
+
+    @mcp.tool
+    async def burst(ctx: Context) -> str:
+        await ctx.report_progress(0, BURST, "start")
+        await ctx.close_sse_stream()
+        for i in range(1, BURST + 1):
+            await ctx.report_progress(i, BURST, f"step {i}")
+            await asyncio.sleep(SPACING)
+        return "done"
+
+    return mcp.http_app(event_store=event_store, retry_interval=RECONNECT_MS)
+
+
+def sdk_app(event_store: EventStore) -> Starlette:
+    """The same tool on the plain MCP SDK (a lowlevel Server behind StreamableHTTPSessionManager)."""
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[types.Tool(name="burst", input_schema={"type": "object"})])
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        await ctx.session.report_progress(0, BURST, "start")
+        await ctx.close_sse_stream()
+        for i in range(1, BURST + 1):
+            await ctx.session.report_progress(i, BURST, f"step {i}")
+            await asyncio.sleep(SPACING)
+        return types.CallToolResult(content=[types.TextContent(type="text", text="done")])
+
+    server: Server[Any] = Server("resumption", on_list_tools=list_tools, on_call_tool=call_tool)
+    manager = StreamableHTTPSessionManager(server, event_store=event_store, retry_interval=RECONNECT_MS)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with manager.run():
+            yield
+
+    return Starlette(routes=[Route("/mcp", endpoint=manager.asgi_app)], lifespan=lifespan)
+
+
+APPS = {"fastmcp": fastmcp_app, "sdk": sdk_app}
+
+
+async def call_then_resume(session: RawSession, request_id: int) -> tuple[list[str], str | None]:
+    """Call ``burst``, resume as soon as the server closes the stream: (notifications, result text or None)."""
+    notes: list[str] = []
+    last_id = ""
+    with anyio.fail_after(RESUMED_WITHIN):
+        async with session.call(request_id, "burst", {}) as response:
+            assert response.status_code == 200, await response.aread()
+            async for event in sse_events(response):
+                last_id = event.get("id", last_id)
+                if event.get("data") and (note := note_of(event["data"])) is not None:
+                    notes.append(note[1])
+    assert last_id, "the server sent no event id: nothing to resume from"
+    with anyio.move_on_after(RESUMED_WITHIN):
+        async with session.resume(last_id) as response:
+            assert response.status_code == 200, await response.aread()
+            async for event in sse_events(response):
+                if not event.get("data"):
+                    continue
+                if (note := note_of(event["data"])) is not None:
+                    notes.append(note[1])
+                message = json.loads(event["data"])
+                if message.get("id") == request_id and "result" in message:
+                    return notes, message["result"]["content"][0]["text"]
+    return notes, None
+
+
+async def assert_no_loss(app: Any) -> None:
+    """RESUMPTIONS calls of ``burst`` in one session, each resumed at once: nothing lost, nothing twice."""
+    lost: list[tuple[int, list[str], str | None]] = []
+    async with serving(app) as url, httpx.AsyncClient(timeout=RESUMED_WITHIN) as http:
+        session = await RawSession(http, url).open()
+        for request_id in range(1, RESUMPTIONS + 1):
+            notes, result = await call_then_resume(session, request_id)
+            if (notes, result) != (expected(), "done"):
+                lost.append((request_id, notes, result))
+    assert lost == [], f"{len(lost)} of {RESUMPTIONS} resumptions lost or repeated a message: {lost}"
+
+
+@pytest.mark.parametrize("server", list(APPS))
+async def test_in_memory_resumption_while_sending(server: str) -> None:
+    await assert_no_loss(APPS[server](InMemoryEventStore()))
+
+
+@pytest.mark.parametrize("server", list(APPS))
+async def test_store_resumption_while_sending(server: str, store: Any) -> None:
+    await assert_no_loss(APPS[server](StoreEventStore(store)))
