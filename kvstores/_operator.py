@@ -206,6 +206,26 @@ async def _delete(options: argparse.Namespace) -> int:
     return 0
 
 
+async def _ping(options: argparse.Namespace) -> int:
+    (spec,) = _split(options.arguments, ("TARGET",))
+    try:
+        store = await _open(spec, reading=True)
+    except _Failed as exc:  # resolving the target probes it: unreachable is the probe's "no"
+        if isinstance(exc.__cause__ and exc.__cause__.__cause__, (ConnectionError, OSError, TimeoutError)):
+            raise _Failed(str(exc), 1) from exc
+        raise
+    started = time.monotonic()
+    try:
+        if not callable(getattr(store, "ping", None)):
+            await store.get("\x00kvstores-ping")  # any store: one read of a key nobody writes
+        else:
+            await store.ping()
+    finally:
+        await close(store)
+    print(f"{spec}: ok ({(time.monotonic() - started) * 1000:.1f} ms)")
+    return 0
+
+
 # -- copy -----------------------------------------------------------------------------
 
 
@@ -495,6 +515,12 @@ COMMANDS: dict[str, _Command] = {
         "  kvstores delete sqlite:///state.db fastmcp_state 'session-1::counter'",
         _TARGETS.format(names="TARGET"),
     ),
+    "ping": _Command(
+        _ping,
+        "one cheap round trip to a store: exit 0 when it answers, 1 when it does not (a readiness probe)",
+        "  kvstores ping redis://localhost:6379/0\n  KVSTORES_URL=postgresql://db/app kvstores ping",
+        _TARGETS.format(names="TARGET") + _FROM_ENVIRONMENT.format(name="TARGET"),
+    ),
     "copy": _Command(
         _copy,
         "copy every live entry (or the named collections) of SOURCE to DEST, keeping TTLs",
@@ -541,6 +567,7 @@ def add_parsers(commands: Any) -> None:
     delete = parsers["delete"]
     for positional in ("target", "collection", "key"):
         delete.add_argument(positional, metavar=positional.upper())
+    parsers["ping"].add_argument("arguments", nargs="*", metavar="[TARGET]", help="TARGET defaults to $KVSTORES_URL")
     copy = parsers["copy"]
     copy.add_argument("arguments", nargs="+", metavar="[SOURCE] DEST", help="SOURCE defaults to $KVSTORES_URL")
     copy.add_argument("--collection", action="append", metavar="NAME", help="copy only this collection (repeatable)")

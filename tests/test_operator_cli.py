@@ -131,7 +131,7 @@ async def dump(url: str, collections: list[str] | None = None) -> dict[str, dict
 # -- help and one-line errors -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", ["ls", "get", "put", "delete", "copy"])
+@pytest.mark.parametrize("command", ["ls", "get", "put", "delete", "copy", "ping"])
 def test_every_command_has_help_with_an_example(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main([command, "--help"])
@@ -494,3 +494,21 @@ def test_copy_stops_with_one_line_when_dest_goes_away(tmp_path: Path, capsys: py
     assert main(["copy", source, f"redis://127.0.0.1:{port}/0?timeout=0.5"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot reach the store" in err
+
+
+# -- ping: a readiness probe ------------------------------------------------------------------
+
+
+def test_ping_exits_0_when_the_store_answers_and_1_when_it_does_not(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    main(["put", url, "c", "k", "{}"])
+    answered = kvstores("ping", url)
+    assert answered.returncode == 0 and answered.stdout.startswith(f"{url}: ok ("), answered.stderr
+    assert kvstores("ping", env={"KVSTORES_URL": "redis://127.0.0.1:6379/15"}).returncode == 0
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    down = kvstores("ping", f"redis://127.0.0.1:{port}/0?timeout=0.5")
+    assert down.returncode == 1
+    assert "StoreConnectionError" in one_line_error(down, "ping")
+    assert time.monotonic() - started < 30
+    assert "KVSTORES_URL is not set" in one_line_error(kvstores("ping"), "ping")
