@@ -126,6 +126,7 @@ _STORE_QUERY_OPTIONS = {
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _MAX_TABLE_NAME: Final = 55  # leaves room for the index name "<table>_expiry" within 63 bytes
 _SWEEP_BATCH: Final = 1_000
+_DEADLOCK_ATTEMPTS: Final = 3  # a statement the server chose as a deadlock victim runs again
 _IDS_CACHED: Final = 1_000  # collections whose (name, digest) is kept ready
 _VERSION_COLLECTION = b""  # no kvstores collection is empty: the schema version's row
 _VERSION_KEY = b"schema_version"
@@ -248,10 +249,14 @@ class _Statements:
             f" FROM unnest($3::bytea[], $4::bytea[], $5::text[]) AS u(key_id, key, value) {upsert}"
         )
         self.delete = f"DELETE FROM {table} WHERE {row} RETURNING {live}"
+        # rows are locked in key_id order first (as put_many writes them), so concurrent bulk
+        # writes queue for each other instead of deadlocking
         self.delete_many = (
-            f"WITH gone AS (DELETE FROM {table} USING unnest($2::bytea[], $4::bytea[]) AS u(key_id, key)"
-            f" WHERE {table}.collection_id = $1 AND {table}.key_id = u.key_id AND {table}.collection = $3"
-            f" AND {table}.key = u.key RETURNING {table}.expires_at)"
+            f"WITH locked AS (SELECT t.key_id FROM {table} AS t"
+            " JOIN unnest($2::bytea[], $4::bytea[]) AS u(key_id, key) ON t.key_id = u.key_id AND t.key = u.key"
+            " WHERE t.collection_id = $1 AND t.collection = $3 ORDER BY t.key_id FOR UPDATE OF t),"
+            f" gone AS (DELETE FROM {table} AS t USING locked WHERE t.collection_id = $1 AND t.key_id = locked.key_id"
+            " RETURNING t.expires_at)"
             f" SELECT count(*) FROM gone WHERE {live}"
         )
         self.keys = (
@@ -412,7 +417,13 @@ class PostgreSQLStore(BaseStore):
                 pool = self._ready_pool or await self._ready()
                 connection: Any = await pool.acquire()
                 try:
-                    return await getattr(connection, kind)(sql, *args)
+                    for attempt in range(_DEADLOCK_ATTEMPTS):
+                        try:
+                            return await getattr(connection, kind)(sql, *args)
+                        except pg_errors.DeadlockDetectedError:
+                            # the server rolled this one statement back: running it again is exact
+                            if attempt == _DEADLOCK_ATTEMPTS - 1:
+                                raise
                 except _BROKEN:
                     # the connection may be left mid-protocol: drop it (the pool connects anew),
                     # since the pool's reset no longer probes it
@@ -496,17 +507,17 @@ class PostgreSQLStore(BaseStore):
     async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
         await self._sweep_when_due()
         collection_id, name = self._collection_ids(collection)
-        encoded = [key.encode() for key in keys]
-        ids = [_digest(key) for key in encoded]
-        await self._query("execute", self._sql.put_many, collection_id, name, ids, encoded, texts, ttl)
+        rows = sorted((_digest(key.encode()), key.encode(), text) for key, text in zip(keys, texts))
+        ids, encoded, ordered = (list(column) for column in zip(*rows))
+        await self._query("execute", self._sql.put_many, collection_id, name, ids, encoded, ordered, ttl)
 
     async def _delete(self, collection: str, key: str) -> bool:
         return bool(await self._query("fetchval", self._sql.delete, *self._row(collection, key)))
 
     async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
         collection_id, name = self._collection_ids(collection)
-        encoded = [key.encode() for key in keys]
-        ids = [_digest(key) for key in encoded]
+        rows = sorted((_digest(key.encode()), key.encode()) for key in keys)
+        ids, encoded = (list(column) for column in zip(*rows))
         count: int = await self._query("fetchval", self._sql.delete_many, collection_id, ids, name, encoded)
         return count
 
