@@ -258,6 +258,11 @@ class MongoDBStore(BaseStore):
                     self._indexed = True
         return self._entries
 
+    def _server_address(self) -> tuple[str, int] | None:
+        seeds = getattr(self._client, "topology_description", None)
+        nodes = [] if seeds is None else sorted(seeds.server_descriptions())
+        return (str(nodes[0][0]), int(nodes[0][1])) if nodes else None
+
     def _holds_connection(self) -> bool:
         return self._owns_client and self._indexed
 

@@ -357,6 +357,14 @@ class RedisStore(BaseStore):
         db = int(path[1]) if len(path) == 2 and path[1] else 0
         return cast(Redis, self._sentinel.master_for(path[0], db=db, **options))
 
+    def _server_address(self) -> tuple[str, int] | None:
+        if isinstance(self.client, RedisCluster):  # the node it was told to start from
+            node = next(iter(self.client.nodes_manager.startup_nodes.values()), None)
+            return None if node is None else (str(node.host), int(node.port))
+        settings = self.client.connection_pool.connection_kwargs  # no host: a unix socket or a sentinel
+        host, port = settings.get("host"), settings.get("port")
+        return None if host is None or port is None else (str(host), int(port))
+
     def _holds_connection(self) -> bool:
         return self._owns_client and self._gate.used
 
