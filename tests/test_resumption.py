@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,13 +23,16 @@ import pytest
 from fastmcp import Context, FastMCP
 from mcp import types
 from mcp.server.lowlevel import Server
-from mcp.server.streamable_http import EventStore
+from mcp.server.streamable_http import EventMessage, EventStore
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+import kvstores.events
+from kvstores import MemoryStore
+from kvstores.conformance.events import notification, replay
 from kvstores.events import InMemoryEventStore, StoreEventStore
-from tests.support.events import RECONNECT_MS, RawSession, note_of, serving, sse_events
+from tests.support.events import RECONNECT_MS, FlakyStore, RawSession, note_of, serving, sse_events
 
 pytestmark = [
     pytest.mark.anyio,
@@ -143,3 +147,62 @@ async def test_in_memory_resumption_while_sending(server: str) -> None:
 @pytest.mark.parametrize("server", list(APPS))
 async def test_store_resumption_while_sending(server: str, store: Any) -> None:
     await assert_no_loss(APPS[server](StoreEventStore(store)))
+
+
+# -- the mechanics, without a server -------------------------------------------------
+
+
+async def test_store_replay_in_the_appending_process_needs_no_round_trip(store: Any) -> None:
+    counted = FlakyStore(store)
+    events = StoreEventStore(counted, cache_events_per_stream=4)
+    ids = [await events.store_event("s", notification(i)) for i in range(6)]
+    counted.calls.clear()
+    assert (await replay(events, ids[2]))[1].ids == ids[3:]
+    assert counted.calls == {}
+    assert (await replay(events, ids[0]))[1].ids == ids[1:]  # older than the cache: the store
+    assert counted.calls == {"get_many": 1}
+
+
+@pytest.mark.parametrize("make", [InMemoryEventStore, lambda: StoreEventStore(FlakyStore(MemoryStore()))])
+async def test_a_message_stored_during_a_replay_waits_for_the_priming_event(make: Any) -> None:
+    events = make()
+    first = await events.store_event("s", None)
+    replaying = asyncio.Event()
+    stored: list[str] = []
+
+    async def route_a_message() -> None:
+        await replaying.wait()
+        stored.append(await events.store_event("s", notification(1)))
+
+    async def slow_client(event: EventMessage) -> None:
+        replaying.set()
+        await asyncio.sleep(0.05)
+
+    await events.store_event("s", notification(0))
+    router = asyncio.create_task(route_a_message())
+    assert await events.replay_events_after(first, slow_client) == "s"
+    await asyncio.sleep(0.05)
+    assert stored == []  # held: the transport has not registered the resumed stream yet
+    await events.store_event("s", None)  # the replaying task primes the stream: the handover
+    await asyncio.wait_for(router, 1)
+    assert len(stored) == 1
+
+
+async def test_the_hold_is_bounded_without_a_priming_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kvstores.events, "HANDOVER_TIMEOUT", 0.2)
+    events = InMemoryEventStore()
+    first = await events.store_event("s", None)
+    await events.store_event("s", notification(0))
+    await replay(events, first)
+    began = time.monotonic()
+    await asyncio.wait_for(asyncio.create_task(events.store_event("s", notification(1))), 2)
+    assert 0.1 < time.monotonic() - began < 1
+    began = time.monotonic()
+    await asyncio.create_task(events.store_event("s", notification(2)))  # the replay is forgotten
+    assert time.monotonic() - began < 0.1
+
+
+@pytest.mark.parametrize("count", [-1, 1.5, True])
+def test_invalid_cache_size_rejected(count: Any) -> None:
+    with pytest.raises(ValueError):
+        StoreEventStore(FlakyStore(None), cache_events_per_stream=count)
