@@ -11,13 +11,12 @@ of AsyncKeyValueConformance (tests/test_conformance.py) on every row of the tabl
 
 from __future__ import annotations
 
-import multiprocessing
 from collections import Counter
 from typing import Any
 
 import pytest
 
-from tests.support import Backend
+from tests.support import Backend, run_processes
 from tests.support.atomic_workers import CLAIMS, INCREMENTS, ITEMS, race
 
 pytestmark = pytest.mark.anyio
@@ -27,23 +26,7 @@ WORKERS = 4
 
 def _run_race(url: str, options: dict[str, Any], kind: str) -> dict[int, list[str]]:
     """Run ``kind`` in WORKERS processes at once; return each worker's winnings."""
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(WORKERS, timeout=120)
-    results = context.Queue()
-    processes = [
-        context.Process(target=race, args=(url, options, kind, worker, barrier, results)) for worker in range(WORKERS)
-    ]
-    for process in processes:
-        process.start()
-    try:
-        outcomes = dict(results.get(timeout=300) for _ in processes)
-    finally:
-        for process in processes:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        results.close()
+    outcomes = run_processes(race, [(url, options, kind, worker) for worker in range(WORKERS)])
     failures = {worker: outcome for worker, outcome in outcomes.items() if isinstance(outcome, str)}
     assert not failures, "\n".join(f"worker {worker}:\n{text}" for worker, text in failures.items())
     return outcomes

@@ -13,12 +13,11 @@ locked", a connection error, a failed check) fails the test with the worker's tr
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 
 import pytest
 
-from tests.support import Backend
+from tests.support import Backend, run_processes
 from tests.support.workers import OWN_KEYS, SHARED_KEYS, final_shared_value, mixed_workload, own_key
 
 pytestmark = pytest.mark.anyio
@@ -32,27 +31,9 @@ async def test_four_processes_lose_nothing(backend: Backend, namespace: str) -> 
     url, options = backend.url(namespace)
     operations = backend.process_operations
     seed = int.from_bytes(os.urandom(4), "big")
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(WORKERS, timeout=120)
-    results = context.Queue()
-    processes = [
-        context.Process(target=mixed_workload, args=(url, options, worker, operations, seed, barrier, results))
-        for worker in range(WORKERS)
-    ]
-    for process in processes:
-        process.start()
-    try:
-        outcomes = dict(results.get(timeout=300) for _ in processes)
-    finally:
-        for process in processes:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        results.close()
+    outcomes = run_processes(mixed_workload, [(url, options, worker, operations, seed) for worker in range(WORKERS)])
     failures = {worker: outcome for worker, outcome in outcomes.items() if isinstance(outcome, str)}
     assert not failures, f"seed {seed}: " + "\n".join(f"worker {w}:\n{text}" for w, text in failures.items())
-    assert [process.exitcode for process in processes] == [0] * WORKERS
 
     expected = {key: value for model in outcomes.values() for key, value in model.items()}
     store = await backend.open(namespace)

@@ -19,9 +19,9 @@ import pytest
 
 from kvstores import open_store
 from kvstores.cli import main
-from tests.support import Backend, Unavailable, free_port, load, marker
+from tests.support import Backend, free_port
 from tests.support import cli_targets as targets
-from tests.support.fixtures import rows, skip_or_fail
+from tests.support.fixtures import rows, start_row
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,17 +85,7 @@ def table(started: dict[str, Backend | str]) -> Iterator[Callable[[str, str], st
     urls: list[str] = []
 
     def url(name: str, namespace: str) -> str:
-        if name not in started:
-            try:
-                loaded = load(name)
-                loaded.start()
-                started[name] = loaded
-            except (Unavailable, ImportError) as exc:
-                started[name] = f"{name} unavailable: {exc}"
-        entry = started[name]
-        if isinstance(entry, str):
-            skip_or_fail(marker(name), entry)
-        urls.append(url_of(entry, namespace))
+        urls.append(url_of(start_row(name, started), namespace))
         return urls[-1]
 
     yield url

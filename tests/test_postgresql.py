@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import multiprocessing
 import os
 import random
 import select
@@ -29,7 +28,7 @@ import pytest
 
 from kvstores import KVStoreError, StoreConnectionError, open_store
 from kvstores.backends.postgresql import DEFAULT_TABLE, SCHEMA_VERSION, PostgreSQLStore
-from tests.support import Unavailable, free_port
+from tests.support import Unavailable, free_port, run_processes
 from tests.support.fixtures import assert_connection_errors, rows, skip_or_fail
 from tests.support.postgresql import PostgreSQLBackend, PostgresServer, first_use, run_sql, table_name
 from tests.support.workers import BATCH_KEYS, batch
@@ -279,26 +278,9 @@ def test_concurrent_first_use_by_several_processes_creates_the_schema_once(
     backend: PostgreSQLBackend, namespace: str
 ) -> None:
     workers = 5
-    context = multiprocessing.get_context("spawn")
     for round_ in range(3):
         table = f"{table_name(namespace)[:40]}_{round_}"
-        barrier = context.Barrier(workers, timeout=120)
-        results = context.Queue()
-        processes = [
-            context.Process(target=first_use, args=(backend.database_url, table, worker, barrier, results))
-            for worker in range(workers)
-        ]
-        for process in processes:
-            process.start()
-        try:
-            outcomes = dict(results.get(timeout=120) for _ in processes)
-        finally:
-            for process in processes:
-                process.join(timeout=30)
-                if process.is_alive():
-                    process.kill()
-                    process.join()
-            results.close()
+        outcomes = run_processes(first_use, [(backend.database_url, table, worker) for worker in range(workers)], 120)
         assert outcomes == dict.fromkeys(range(workers)), outcomes
         (counts,) = run_sql(
             backend.database_url,

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from kvstores.errors import KVStoreError
-from tests.support import Backend, Unavailable, load, marker
-from tests.support.fixtures import skip_or_fail
+from tests.support import Backend
+from tests.support.fixtures import start_row
 
 SECONDS_VARIABLE = "KVSTORES_SOAK_SECONDS"
 ROWS = ("memory", "sqlite", "redis", "mongodb", "postgresql")
@@ -144,17 +144,7 @@ async def test_soak(started: dict[str, Backend | str], capsys: pytest.CaptureFix
     seconds = float(os.environ[SECONDS_VARIABLE])
     backends: dict[str, Backend] = {}
     for row in ROWS:
-        if row not in started:
-            try:
-                entry = load(row)
-                entry.start()
-                started[row] = entry
-            except (Unavailable, ImportError) as exc:
-                started[row] = f"{row} unavailable: {exc}"
-        entry_or_reason = started[row]
-        if isinstance(entry_or_reason, str):
-            skip_or_fail(marker(row), entry_or_reason)
-        backends[row] = entry_or_reason
+        backends[row] = start_row(row, started)
     namespace = f"soak{os.getpid()}"
     stores = {row: await backend.open(namespace, **_EXTRA_OPTIONS.get(row, {})) for row, backend in backends.items()}
     soak = Soak(stores)

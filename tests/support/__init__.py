@@ -48,9 +48,11 @@ A table entry (a :class:`Backend` subclass) implements:
 from __future__ import annotations
 
 import importlib
+import multiprocessing
 import os
 import socket
 import subprocess
+from collections.abc import Callable, Sequence
 from typing import Any
 
 BACKENDS: dict[str, tuple[str, str]] = {
@@ -136,6 +138,35 @@ def free_port(*, plus: int = 0) -> int:
                     continue
             return port
     raise Unavailable(f"no free loopback port pair {plus} apart")
+
+
+def run_processes(
+    target: Callable[..., None], arguments: Sequence[tuple[Any, ...]], timeout: float = 300
+) -> dict[Any, Any]:
+    """Run ``target(*args, barrier, results)`` in one spawned process per ``args`` of ``arguments``.
+
+    The processes share a barrier (so that they can start together) and a results queue on
+    which each puts one ``(worker, outcome)``; returns the outcomes by worker. Every process is
+    joined (killed after 30 s) whatever happens.
+    """
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(len(arguments), timeout=120)
+    results = context.Queue()
+    processes = [context.Process(target=target, args=(*args, barrier, results)) for args in arguments]
+    for process in processes:
+        process.start()
+    try:
+        outcomes = dict(results.get(timeout=timeout) for _ in processes)
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        results.close()
+    codes = [process.exitcode for process in processes]
+    assert codes == [0] * len(processes), f"exit codes {codes}; outcomes {outcomes}"
+    return outcomes
 
 
 def stop_process(process: subprocess.Popen[Any], timeout: float = 15) -> None:

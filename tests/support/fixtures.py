@@ -49,7 +49,12 @@ def started() -> Iterator[dict[str, Backend | str]]:
 @pytest.fixture(params=rows())
 def backend(request: pytest.FixtureRequest, started: dict[str, Backend | str]) -> Backend:
     """Each row of the table in turn, started once per session (skip or fail when it cannot be)."""
-    name: str = request.param
+    return start_row(request.param, started)
+
+
+def start_row(name: str, started: dict[str, Backend | str]) -> Backend:
+    """Row ``name`` of the table, started once per session (``started`` is the session's fixture);
+    skip, or fail when KVSTORES_REQUIRE names its service, when it cannot be had."""
     if name not in started:
         try:
             entry = load(name)
