@@ -56,7 +56,7 @@ def test_quick_compare_on_memory(tmp_path: Path) -> None:
     document = _bench("--compare", "--no-events", "--no-atomic", "memory://", cwd=tmp_path)
     assert document["machine"]["cpu_count"] >= 1
     assert document["settings"]["compare"] is True
-    rows = document["rows"]
+    rows = [row for row in document["rows"] if row["group"] == "kv"]
     assert {row["operation"] for row in rows} == set(KV_OPERATIONS)
     assert {row["concurrency"] for row in rows} == {1, 64}
     measured = _measured(rows)
@@ -68,8 +68,14 @@ def test_quick_compare_on_memory(tmp_path: Path) -> None:
             _check_figures(figures)
         assert set(row["ratios"]) == {"dict+json", "py-key-value"}
         assert all(ratio > 0 for ratio in row["ratios"].values())
+    otel = _measured([row for row in document["rows"] if row["group"] == "otel"])
+    assert {(row["operation"], row["concurrency"]) for row in otel} == {("get", 1), ("put", 1)}
+    for row in otel:
+        assert set(row["contenders"]) == {"kvstores", "no opentelemetry-api", "with an SDK"}
+        assert all(ratio > 0 for ratio in row["ratios"].values())
     labels = {target["target"] for target in document["targets"]}
     assert "MemoryStore vs py-key-value MemoryStore, 100 B" in labels
+    assert "MemoryStore with opentelemetry-api and no SDK vs without it" in labels
     assert all(isinstance(target["met"], bool) for target in document["targets"])
 
 
