@@ -11,10 +11,8 @@ notification and the result must arrive, once each, on the resumed stream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -24,15 +22,13 @@ from fastmcp import Context, FastMCP
 from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http import EventMessage, EventStore
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.applications import Starlette
-from starlette.routing import Route
 
 import kvstores.events
 from kvstores import MemoryStore
 from kvstores.conformance.events import notification, replay
 from kvstores.events import InMemoryEventStore, StoreEventStore
-from tests.support.events import RECONNECT_MS, FlakyStore, RawSession, note_of, serving, sse_events
+from tests.support.events import RECONNECT_MS, FlakyStore, RawSession, note_of, sdk_starlette, serving, sse_events
 
 pytestmark = [
     pytest.mark.anyio,
@@ -87,15 +83,7 @@ def sdk_app(event_store: EventStore) -> Starlette:
             await asyncio.sleep(SPACING)
         return types.CallToolResult(content=[types.TextContent(type="text", text="done")])
 
-    server: Server[Any] = Server("resumption", on_list_tools=list_tools, on_call_tool=call_tool)
-    manager = StreamableHTTPSessionManager(server, event_store=event_store, retry_interval=RECONNECT_MS)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with manager.run():
-            yield
-
-    return Starlette(routes=[Route("/mcp", endpoint=manager.asgi_app)], lifespan=lifespan)
+    return sdk_starlette(Server("resumption", on_list_tools=list_tools, on_call_tool=call_tool), event_store)
 
 
 APPS = {"fastmcp": fastmcp_app, "sdk": sdk_app}

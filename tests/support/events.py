@@ -133,7 +133,11 @@ def sdk_app(event_store: EventStore) -> Starlette:
                 await asyncio.sleep(LIVE_AFTER)
         return types.CallToolResult(content=[types.TextContent(type="text", text="done")])
 
-    server: Server[Any] = Server("plain", on_list_tools=list_tools, on_call_tool=call_tool)
+    return sdk_starlette(Server("plain", on_list_tools=list_tools, on_call_tool=call_tool), event_store)
+
+
+def sdk_starlette(server: Server[Any], event_store: EventStore) -> Starlette:
+    """``server`` (the SDK's lowlevel Server) behind a StreamableHTTPSessionManager on ``event_store``, at /mcp."""
     manager = StreamableHTTPSessionManager(server, event_store=event_store, retry_interval=RECONNECT_MS)
 
     @contextlib.asynccontextmanager
@@ -145,10 +149,14 @@ def sdk_app(event_store: EventStore) -> Starlette:
 
 
 @contextlib.asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    """Serve ``app`` with uvicorn on 127.0.0.1 (a free port) in this event loop; yield the MCP endpoint URL."""
+async def serving(app: Any, port: int = 0) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn on 127.0.0.1 in this event loop; yield the MCP endpoint URL.
+
+    ``port`` 0 takes a free one; a given port may be served again after a restart.
+    """
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
         server = uvicorn.Server(config)
         task = asyncio.create_task(server.serve(sockets=[sock]))

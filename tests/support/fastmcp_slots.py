@@ -8,7 +8,6 @@ consent form the way a browser would, and stops at the client's loopback redirec
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import secrets
@@ -20,7 +19,6 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode, urlparse
 
 import httpx
-import uvicorn
 from fastmcp import FastMCP
 from fastmcp.client.auth import OAuth
 from fastmcp.server.auth import AccessToken, TokenVerifier
@@ -31,6 +29,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
+
+from tests.support.events import serving
 
 UPSTREAM_CLIENT_ID = "kvstores-upstream-client"
 UPSTREAM_CLIENT_SECRET = "kvstores-upstream-secret-0123456789"  # a test credential
@@ -50,22 +50,8 @@ class Loopback:
     @contextlib.asynccontextmanager
     async def serving(self, app: Any) -> AsyncIterator[str]:
         """Serve ``app`` with uvicorn on this port in this event loop; yield the base URL."""
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self.port))
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
-        server = uvicorn.Server(config)
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        try:
-            while not server.started:
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.01)
+        async with serving(app, self.port):
             yield self.base_url
-        finally:
-            server.should_exit = True
-            await task
-            sock.close()
 
 
 @dataclass
