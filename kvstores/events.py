@@ -192,6 +192,13 @@ class _Stream:
         if replay is not None and replay.task == anyio.get_current_task().id:
             replay.handed_over.set()
 
+    async def stored(self, seq: int, message: JSONRPCMessage | None) -> None:
+        """Event ``seq`` is stored: a priming event signals the handover; a message waits for it."""
+        if message is None:
+            self.primed()
+        elif self.replay is not None:
+            await self.after_handover(seq)
+
     async def after_handover(self, seq: int) -> None:
         """Return once no replay that leaves out event ``seq`` is still handing over (bounded by its deadline)."""
         while (replay := self.replay) is not None and seq > replay.last:
@@ -326,10 +333,7 @@ class InMemoryEventStore(EventStore):
         seq = stream.next_seq
         stream.next_seq = seq + 1
         stream.events.append((seq, now, message))
-        if message is None:
-            stream.primed()
-        elif stream.replay is not None:
-            await stream.after_handover(seq)
+        await stream.stored(seq, message)
         return _event_id(stream.token, seq)
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
@@ -421,10 +425,7 @@ class StoreEventStore(EventStore):
             written = await self._write(stream.token, seq, entry)
         finally:
             stream.settle(seq, message if written else _Slot.LOST)
-        if message is None:
-            stream.primed()
-        elif stream.replay is not None:
-            await stream.after_handover(seq)
+        await stream.stored(seq, message)
         return _event_id(stream.token, seq)
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
