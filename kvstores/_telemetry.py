@@ -20,13 +20,15 @@ extra), the check is a constant.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sized
 from contextlib import AbstractContextManager
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["Observer", "active", "metrics", "record_batch", "trace"]
+__all__ = ["Observer", "active", "metrics", "observed", "record_batch", "trace"]
 
 _MAX_COLLECTION = 256  # characters of a collection name kept in attributes
 # OpenTelemetry's recommended buckets for db.client.operation.duration
@@ -131,3 +133,40 @@ class Observer:
                 raise
             finally:
                 durations.record(time.perf_counter() - started, attributes)
+
+
+Method = TypeVar("Method", bound=Callable[..., Awaitable[Any]])
+
+
+def observed(shape: str) -> Callable[[Method], Method]:
+    """Decorate a public store method: trace and measure its calls while OpenTelemetry is active.
+
+    ``shape`` says where the call's collection is: ``key`` and ``keys`` (keyword-only; ``keys``
+    also has a batch size, the length of its first argument), ``collection`` (first
+    argument), ``store`` (none). The wrapper is a plain function that returns the method's own
+    coroutine while telemetry is inactive, so an untraced call costs one check and no extra
+    coroutine.
+    """
+
+    def decorate(method: Method) -> Method:
+        operation = method.__name__
+
+        @functools.wraps(method)
+        def observed_call(self: Any, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+            if not active():
+                return method(self, *args, **kwargs)
+            if shape == "collection":
+                collection = args[0] if args else kwargs.get("collection")
+            else:
+                collection = kwargs.get("collection") if shape != "store" else None
+            if collection is None and shape != "store":
+                collection = self.default_collection
+            batch = len(args[0]) if shape == "keys" and args and isinstance(args[0], Sized) else None
+            observer: Observer = self._observer
+            return observer.observe(operation, collection, batch, functools.partial(method, self, *args, **kwargs))
+
+        if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+: still a coroutine function to inspect
+            inspect.markcoroutinefunction(observed_call)
+        return observed_call  # type: ignore[return-value]
+
+    return decorate

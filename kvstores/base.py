@@ -20,14 +20,12 @@ from __future__ import annotations
 import abc
 import asyncio
 import functools
-import inspect
 import os
 import random
 import warnings
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, SupportsFloat, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from kvstores import _telemetry
 from kvstores._batching import Coalescer
@@ -40,6 +38,8 @@ from kvstores._codec import (
     encode_value,
     encode_values,
 )
+from kvstores._telemetry import observed
+from kvstores._urls import flag
 from kvstores.errors import ConflictError, StoreClosedError
 
 __all__ = [
@@ -49,8 +49,6 @@ __all__ = [
     "BaseStore",
     "Stored",
     "chunks",
-    "flag",
-    "split_url_options",
 ]
 
 T = TypeVar("T")
@@ -76,75 +74,6 @@ _Entry = tuple[str, str, str, "float | None"]  # (collection, key, encoded value
 
 def _entry_size(entry: _Entry) -> int:
     return len(entry[2])
-
-
-Method = TypeVar("Method", bound=Callable[..., Awaitable[Any]])
-
-
-def _observed(shape: str) -> Callable[[Method], Method]:
-    """Trace and measure a public call when OpenTelemetry is active (see kvstores._telemetry).
-
-    ``shape`` says where the call's collection is: ``key`` and ``keys`` (keyword-only; ``keys``
-    also has a batch size, the length of its first argument), ``collection`` (first
-    argument), ``store`` (none). The wrapper is a plain function that returns the method's own
-    coroutine while telemetry is inactive, so an untraced call costs one check and no extra
-    coroutine.
-    """
-
-    def decorate(method: Method) -> Method:
-        operation = method.__name__
-
-        @functools.wraps(method)
-        def observed(self: BaseStore, *args: Any, **kwargs: Any) -> Awaitable[Any]:
-            if not _telemetry.active():
-                return method(self, *args, **kwargs)
-            if shape == "collection":
-                collection = args[0] if args else kwargs.get("collection")
-            else:
-                collection = kwargs.get("collection") if shape != "store" else None
-            if collection is None and shape != "store":
-                collection = self.default_collection
-            batch = len(args[0]) if shape == "keys" and args and isinstance(args[0], Sized) else None
-            return self._observer.observe(
-                operation, collection, batch, functools.partial(method, self, *args, **kwargs)
-            )
-
-        if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+: still a coroutine function to inspect
-            inspect.markcoroutinefunction(observed)
-        return observed  # type: ignore[return-value]
-
-    return decorate
-
-
-def flag(text: str) -> bool:
-    """A boolean URL query option: true/false, 1/0, yes/no, on/off."""
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
-
-
-def split_url_options(url: str, converters: Mapping[str, Callable[[str], Any]]) -> tuple[str, dict[str, Any]]:
-    """Take the store's own options (named in ``converters``) out of ``url``'s query.
-
-    Returns the URL with the rest of its query untouched (for the driver) and the options,
-    each converted. ``batching`` (a :func:`flag`) is every store's own option.
-    """
-    converters = {"batching": flag, **converters}
-    parts = urlsplit(url)
-    rest: list[tuple[str, str]] = []
-    options: dict[str, Any] = {}
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name in converters:
-            options[name] = converters[name](value)
-        else:
-            rest.append((name, value))
-    if options:  # rebuilt by hand: urlunsplit would turn sqlite:////abs.db into sqlite://abs.db
-        url = url.partition("?")[0] + (f"?{urlencode(rest)}" if rest else "")
-        url += f"#{parts.fragment}" if parts.fragment else ""
-    return url, options
 
 
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
@@ -254,7 +183,7 @@ class BaseStore(abc.ABC):
 
     # -- the protocol ----------------------------------------------------------------
 
-    @_observed("key")
+    @observed("key")
     async def get(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
         """Return a fresh copy of the value stored under ``key``, or None if absent or expired."""
         name = self._collection(collection)
@@ -263,7 +192,7 @@ class BaseStore(abc.ABC):
         text = await (self._get(name, key) if reads is None else reads((name, key)))
         return None if text is None else decode_value(text, key)
 
-    @_observed("key")
+    @observed("key")
     async def ttl(self, key: str, *, collection: str | None = None) -> tuple[dict[str, Any] | None, float | None]:
         """Return ``(value, remaining seconds)``; the TTL is None when the entry never expires."""
         name = self._collection(collection)
@@ -271,7 +200,7 @@ class BaseStore(abc.ABC):
         text, remaining = await self._ttl(name, key)
         return (None, None) if text is None else (decode_value(text, key), remaining)
 
-    @_observed("key")
+    @observed("key")
     async def put(
         self,
         key: str,
@@ -288,14 +217,14 @@ class BaseStore(abc.ABC):
         writes = self._writes
         await (self._put(name, key, text, seconds) if writes is None else writes((name, key, text, seconds)))
 
-    @_observed("key")
+    @observed("key")
     async def delete(self, key: str, *, collection: str | None = None) -> bool:
         """Delete ``key``; return True if it existed."""
         name = self._collection(collection)
         check_key(key)
         return await self._delete(name, key)
 
-    @_observed("keys")
+    @observed("keys")
     async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[dict[str, Any] | None]:
         """Return the values of ``keys`` in order, None for each missing key."""
         name = self._collection(collection)
@@ -305,7 +234,7 @@ class BaseStore(abc.ABC):
         texts = await self._get_many(name, keys)
         return [None if text is None else decode_value(text, key) for key, text in zip(keys, texts)]
 
-    @_observed("keys")
+    @observed("keys")
     async def ttl_many(
         self, keys: Sequence[str], *, collection: str | None = None
     ) -> list[tuple[dict[str, Any] | None, float | None]]:
@@ -320,7 +249,7 @@ class BaseStore(abc.ABC):
             for key, (text, remaining) in zip(keys, rows)
         ]
 
-    @_observed("keys")
+    @observed("keys")
     async def put_many(
         self,
         keys: Sequence[str],
@@ -340,7 +269,7 @@ class BaseStore(abc.ABC):
             latest = dict(zip(keys, texts))  # duplicate keys: the last value wins
             await self._put_many(name, list(latest), list(latest.values()), seconds)
 
-    @_observed("keys")
+    @observed("keys")
     async def delete_many(self, keys: Sequence[str], *, collection: str | None = None) -> int:
         """Delete ``keys``; return how many existed (duplicates count once)."""
         name = self._collection(collection)
@@ -351,40 +280,40 @@ class BaseStore(abc.ABC):
 
     # -- capabilities ----------------------------------------------------------------
 
-    @_observed("collection")
+    @observed("collection")
     async def keys(self, collection: str | None = None, *, limit: int | None = None) -> list[str]:
         """Return up to ``limit`` live keys of ``collection`` (all when limit is None)."""
         name = self._collection(collection)
         _check_limit(limit)
         return [] if limit == 0 else await self._keys(name, limit)
 
-    @_observed("store")
+    @observed("store")
     async def collections(self, *, limit: int | None = None) -> list[str]:
         """Return up to ``limit`` names of collections that hold live entries."""
         self._check_open()
         _check_limit(limit)
         return [] if limit == 0 else await self._collections(limit)
 
-    @_observed("collection")
+    @observed("collection")
     async def destroy_collection(self, collection: str) -> bool:
         """Delete every entry of ``collection``; return True if it held any."""
         if collection is None:
             raise TypeError("destroy_collection needs a collection name")
         return await self._destroy_collection(self._collection(collection))
 
-    @_observed("store")
+    @observed("store")
     async def destroy(self) -> bool:
         """Delete every entry this store owns (never other data in the database)."""
         self._check_open()
         return await self._destroy()
 
-    @_observed("store")
+    @observed("store")
     async def cull(self) -> None:
         """Remove every expired entry from the backend now."""
         self._check_open()
         await self._cull()
 
-    @_observed("store")
+    @observed("store")
     async def ping(self) -> None:
         """One cheap round trip to the backend (a readiness check).
 
@@ -395,7 +324,7 @@ class BaseStore(abc.ABC):
 
     # -- atomic operations (kvstores.AtomicStore) ------------------------------------
 
-    @_observed("key")
+    @observed("key")
     async def put_if_absent(
         self,
         key: str,
@@ -410,7 +339,7 @@ class BaseStore(abc.ABC):
         seconds = check_ttl(ttl)
         return await self._swap(name, key, None, encode_value(value), seconds)
 
-    @_observed("key")
+    @observed("key")
     async def pop(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
         """Get and delete ``key`` in one atomic step (one round trip); None when absent or expired."""
         name = self._collection(collection)
@@ -418,7 +347,7 @@ class BaseStore(abc.ABC):
         text = await self._pop(name, key)
         return None if text is None else decode_value(text, key)
 
-    @_observed("key")
+    @observed("key")
     async def update(
         self,
         key: str,

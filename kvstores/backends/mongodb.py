@@ -74,7 +74,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from kvstores._optional import missing_extra
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks, split_url_options
+from kvstores._urls import split_url_options
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
 from kvstores.errors import DeserializationError, KVStoreError, StoreConnectionError
 
 try:

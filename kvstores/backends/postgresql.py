@@ -93,7 +93,8 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from kvstores._optional import missing_extra
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, split_url_options
+from kvstores._urls import split_url_options
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored
 from kvstores.errors import KVStoreError, StoreConnectionError
 
 try:

@@ -70,7 +70,8 @@ from urllib.parse import unquote, urlsplit
 
 from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks, split_url_options
+from kvstores._urls import split_url_options
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
 from kvstores.errors import KVStoreError, StoreConnectionError
 
 try:

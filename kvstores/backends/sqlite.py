@@ -38,7 +38,8 @@ from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from kvstores._optional import missing_extra
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks, split_url_options
+from kvstores._urls import split_url_options
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
 from kvstores.errors import KVStoreError, StoreConnectionError
 
 try:
