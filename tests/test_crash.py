@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.workers import BATCH_KEYS, batch
+from tests.support.workers import newest_whole_batch
 
 pytestmark = pytest.mark.sqlite
 
@@ -40,24 +40,6 @@ def _committed(path: Path) -> dict[str, dict[str, int]]:
             return {}  # killed before the schema was committed
         rows = db.execute("SELECT key, value FROM kvstores_entries WHERE collection = 'batches'").fetchall()
     return {key: json.loads(value) for key, value in rows}
-
-
-def _newest_batch(entries: dict[str, dict[str, int]]) -> int:
-    """Check that batches are whole and contiguous; return the newest generation (-1: none)."""
-    generations: dict[int, int] = {}
-    for key, value in entries.items():
-        if not key.startswith("shared/"):
-            generations[value["generation"]] = generations.get(value["generation"], 0) + 1
-    torn = {generation: count for generation, count in generations.items() if count != BATCH_KEYS}
-    assert not torn, f"torn batches (generation: keys present): {torn}"
-    newest = max(generations, default=-1)
-    assert sorted(generations) == list(range(newest + 1)), "a committed batch is missing"
-    if newest >= 0:
-        keys, values = batch(newest)
-        assert {key: entries.get(key) for key in keys} == dict(zip(keys, values))
-    else:
-        assert not entries
-    return newest
 
 
 def _acknowledged(output: str) -> list[int]:
@@ -89,6 +71,6 @@ def test_sigkill_never_tears_a_batch(tmp_path: Path) -> None:
         assert child.returncode == -9, f"seed {seed}, kill {kill}: child exited with {child.returncode}: {output}"
         acknowledged = _acknowledged(output)
         writes_interrupted += bool(acknowledged)
-        newest = _newest_batch(_committed(path))
+        newest = newest_whole_batch(_committed(path), contiguous=True)
         assert max(acknowledged, default=-1) <= newest, f"seed {seed}, kill {kill}: an acknowledged batch was lost"
     assert writes_interrupted >= KILLS // 2, "too few kills interrupted a writing child to test anything"

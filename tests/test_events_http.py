@@ -26,6 +26,7 @@ from tests.support.events import (
     expected_notes,
     fastmcp_server,
     note_of,
+    run_long_task,
     sdk_app,
     serving,
     sse_events,
@@ -35,22 +36,6 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
 ]
-
-
-async def run_long_task(url: str) -> tuple[list[tuple[str, str]], str, str]:
-    """Call long_task with the FastMCP client (legacy mode), then echo: (notifications, result, echo)."""
-    notes: list[tuple[str, str]] = []
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        notes.append(("progress", str(message)))
-
-    async def on_log(message: Any) -> None:
-        notes.append(("log", message.data["msg"]))
-
-    async with Client(url, mode="legacy", progress_handler=on_progress, log_handler=on_log) as client:
-        result = await client.call_tool("long_task", {})
-        echo = await client.call_tool("echo", {"text": "still here"})
-    return notes, result.content[0].text, echo.content[0].text
 
 
 async def drain(stream: Any, *, until_response: int | None = None) -> list[dict[str, str]]:

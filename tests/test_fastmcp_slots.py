@@ -32,7 +32,7 @@ from mcp.shared.auth import OAuthClientInformationFull
 from pydantic import AnyUrl
 
 from tests.support import Backend
-from tests.support.events import RECONNECT_MS, expected_notes, fastmcp_server, serving
+from tests.support.events import RECONNECT_MS, expected_notes, fastmcp_server, run_long_task, serving
 from tests.support.fastmcp_slots import BrowserOAuth, FakeIdP, Loopback, oauth_proxy, protected_server
 
 pytestmark = [
@@ -281,27 +281,12 @@ class RecordingEventStore(EventStore):
         return event_id
 
 
-async def run_long_task(url: str) -> list[tuple[str, str]]:
-    """Call long_task (its stream is dropped midway) with the FastMCP client; the notifications it got."""
-    notes: list[tuple[str, str]] = []
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        notes.append(("progress", str(message)))
-
-    async def on_log(message: Any) -> None:
-        notes.append(("log", message.data["msg"]))
-
-    async with Client(url, mode="legacy", progress_handler=on_progress, log_handler=on_log) as client:
-        assert (await client.call_tool("long_task", {})).content[0].text == "done"
-    return notes
-
-
 async def test_event_store_resumes_from_the_store_and_a_new_store_object_replays(
     backend: Backend, namespace: str, store: Any
 ) -> None:
     events = RecordingEventStore(store, ttl=60)
     async with serving(fastmcp_server().http_app(event_store=events, retry_interval=RECONNECT_MS)) as url:
-        assert await run_long_task(url) == expected_notes()
+        assert (await run_long_task(url))[0] == expected_notes()
     stored = await raw_entries(store)
     assert sum(collection == "fastmcp_events" for collection, _ in stored) == len(events.ids)
     assert all(ttl is not None and 0 < ttl <= 60 for _, ttl in stored.values())

@@ -31,7 +31,7 @@ from kvstores.backends.postgresql import DEFAULT_TABLE, SCHEMA_VERSION, PostgreS
 from tests.support import Unavailable, free_port, run_processes
 from tests.support.fixtures import assert_connection_errors, rows, skip_or_fail
 from tests.support.postgresql import PostgreSQLBackend, PostgresServer, first_use, run_sql, table_name
-from tests.support.workers import BATCH_KEYS, batch
+from tests.support.workers import newest_whole_batch
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgresql]
 
@@ -560,21 +560,6 @@ def _batches(url: str, table: str) -> dict[str, dict[str, int]]:
     return {bytes(key).decode(): json.loads(value) for key, value in found}
 
 
-def _newest_whole_batch(entries: dict[str, dict[str, int]]) -> int:
-    """Check that every batch is whole and the shared keys hold the newest; return it (-1: none)."""
-    generations: dict[int, int] = {}
-    for key, value in entries.items():
-        if not key.startswith("shared/"):
-            generations[value["generation"]] = generations.get(value["generation"], 0) + 1
-    torn = {generation: count for generation, count in generations.items() if count != BATCH_KEYS}
-    assert not torn, f"torn batches (generation: keys present): {torn}"
-    newest = max(generations, default=-1)
-    if newest >= 0:
-        keys, values = batch(newest)
-        assert {key: entries.get(key) for key in keys} == dict(zip(keys, values))
-    return newest
-
-
 @pg
 def test_sigkilled_writer_never_leaves_a_partial_put_many(backend: PostgreSQLBackend, namespace: str) -> None:
     url, options = backend.url(namespace)
@@ -602,7 +587,7 @@ def test_sigkilled_writer_never_leaves_a_partial_put_many(backend: PostgreSQLBac
         assert child.returncode == -9, f"seed {seed}, kill {kill}: child exited with {child.returncode}: {output}"
         acknowledged = [int(line) for line in output.split("\n")[:-1]]
         writes_interrupted += bool(acknowledged)
-        newest = max(newest, _newest_whole_batch(_batches(backend.database_url, table)))
+        newest = max(newest, newest_whole_batch(_batches(backend.database_url, table)))
         assert max(acknowledged, default=-1) <= newest, f"seed {seed}, kill {kill}: an acknowledged batch was lost"
     assert writes_interrupted >= KILLS // 2, "too few kills interrupted a writing child to test anything"
 

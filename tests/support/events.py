@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import uvicorn
-from fastmcp import Context, FastMCP
+from fastmcp import Client, Context, FastMCP
 from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
@@ -240,3 +240,19 @@ def note_of(data: str) -> tuple[str, str] | None:
     if message.get("method") == "notifications/message":
         return ("log", message["params"]["data"]["msg"])
     return None
+
+
+async def run_long_task(url: str) -> tuple[list[tuple[str, str]], str, str]:
+    """Call long_task with the FastMCP client (legacy mode), then echo: (notifications, result, echo)."""
+    notes: list[tuple[str, str]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        notes.append(("progress", str(message)))
+
+    async def on_log(message: Any) -> None:
+        notes.append(("log", message.data["msg"]))
+
+    async with Client(url, mode="legacy", progress_handler=on_progress, log_handler=on_log) as client:
+        result = await client.call_tool("long_task", {})
+        echo = await client.call_tool("echo", {"text": "still here"})
+    return notes, result.content[0].text, echo.content[0].text

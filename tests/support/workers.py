@@ -34,6 +34,26 @@ def batch(generation: int) -> tuple[list[str], list[dict[str, int]]]:
     return keys, [{"generation": generation, "i": i} for i in range(len(keys))]
 
 
+def newest_whole_batch(entries: dict[str, dict[str, int]], *, contiguous: bool = False) -> int:
+    """Check that every batch in ``entries`` is whole (and, if ``contiguous``, none is missing
+    before the newest) and that the shared keys hold the newest; return it (-1: none)."""
+    generations: dict[int, int] = {}
+    for key, value in entries.items():
+        if not key.startswith("shared/"):
+            generations[value["generation"]] = generations.get(value["generation"], 0) + 1
+    torn = {generation: count for generation, count in generations.items() if count != BATCH_KEYS}
+    assert not torn, f"torn batches (generation: keys present): {torn}"
+    newest = max(generations, default=-1)
+    if contiguous:
+        assert sorted(generations) == list(range(newest + 1)), "a committed batch is missing"
+    if newest >= 0:
+        keys, values = batch(newest)
+        assert {key: entries.get(key) for key in keys} == dict(zip(keys, values))
+    elif contiguous:
+        assert not entries
+    return newest
+
+
 async def _write_batches(path: str, generation: int) -> None:
     from kvstores.backends.sqlite import SQLiteStore
 
