@@ -1,0 +1,383 @@
+"""One signal channel per store: small text messages between every process that shares a backend.
+
+::
+
+    signals = kvstores.signals.channel(store)        # the one SignalChannel of this store object
+    await signals.publish("streams", "s1")            # reaches every subscriber of "streams", every replica
+    async with await signals.subscribe("streams") as subscription:
+        async for message in subscription:
+            if message is GAP:
+                ...                                   # messages may have been lost: catch up from the store
+            else:
+                ...                                   # a str, as published
+    unsubscribe = await signals.listen("streams", on_message, on_gap)   # the callback form
+
+A message is a str of at most :data:`MAX_MESSAGE_BYTES` UTF-8 bytes (no NUL: PostgreSQL's
+NOTIFY cannot carry it) on a named channel (any non-empty str). Channels of one store are
+isolated from every other store's (another Redis prefix, PostgreSQL table, SQLite file,
+MongoDB collection).
+
+Delivery: once ``subscribe()``/``listen()`` has returned, every message published afterwards on
+that name, by any process, is delivered, in the order each publisher published them, or a
+:data:`GAP` tells the subscriber that some may have been lost. The transport drops messages
+when its connection drops or the backend restarts, a subscriber falls behind its bounded
+buffer, or a poll falls behind retention; each of these is detected (the driver's own signal,
+a heartbeat every :data:`HEARTBEAT` seconds, an id that jumps) and turns into a GAP once the
+transport is listening again, so a consumer never relies on the channel alone: it keeps its
+truth in the store and catches up from it after a GAP. A message may also arrive after the
+GAP that already covered it (consumers are idempotent). ``subscribe()`` never fails because
+the backend is down: the GAP comes when it is back.
+
+Transports, one per store object whatever the number of subscribers (kvstores.signals._<backend>):
+
+- Redis: pub/sub on one connection; on a Cluster, sharded pub/sub (SPUBLISH/SSUBSCRIBE), every
+  channel of a store in one hash slot (one connection to one node).
+- PostgreSQL: LISTEN/NOTIFY on one dedicated connection (channel names are digests).
+- SQLite: a table in the store's file, appended by publish and polled every 10-40 ms by one task.
+- MongoDB: a sequenced collection with a TTL index, polled every 20-50 ms by one task.
+- memory (and ``sqlite://:memory:``): in-process fan-out.
+
+Subscriber callbacks never raise into the channel (they are logged), buffers are bounded (a slow
+iterator gets a GAP, never unbounded memory), and no transport holds a database lock while it
+waits. The channel closes itself (within a second) once its store is closed or collected;
+``aclose()`` closes it at once and ends every subscription.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import weakref
+from collections import deque
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any, Final
+
+from kvstores.errors import StoreClosedError
+from kvstores.signals._transport import HEARTBEAT, Sink, Transport
+
+__all__ = [
+    "DEFAULT_BUFFER",
+    "GAP",
+    "HEARTBEAT",
+    "MAX_MESSAGE_BYTES",
+    "Gap",
+    "SignalChannel",
+    "Subscription",
+    "channel",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES: Final = 7_000
+"""The largest message, in UTF-8 bytes (PostgreSQL's NOTIFY takes 8,000 with the channel's name)."""
+
+DEFAULT_BUFFER: Final = 1_000
+"""Messages an iterator subscription holds before a slow reader gets a GAP instead."""
+
+_WATCH_INTERVAL: Final = 0.5  # how often a channel checks that its store is still open
+
+_TRANSPORTS = {
+    "kvstores.backends.memory:MemoryStore": "kvstores.signals._memory:MemoryTransport",
+    "kvstores.backends.redis:RedisStore": "kvstores.signals._redis:RedisTransport",
+    "kvstores.backends.postgresql:PostgreSQLStore": "kvstores.signals._postgresql:PostgreSQLTransport",
+    "kvstores.backends.sqlite:SQLiteStore": "kvstores.signals._sqlite:SQLiteTransport",
+    "kvstores.backends.mongodb:MongoDBStore": "kvstores.signals._mongodb:MongoDBTransport",
+}
+
+
+class Gap:
+    """The type of :data:`GAP`."""
+
+    _instance: Gap | None = None
+
+    def __new__(cls) -> Gap:
+        """The one GAP."""
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "GAP"
+
+
+GAP: Final = Gap()
+"""Yielded by a subscription (and reported to ``on_gap``) when messages may have been lost."""
+
+
+def _check_message(message: str) -> None:
+    if not isinstance(message, str):
+        raise TypeError(f"a signal message is a str, not {type(message).__name__}")
+    if "\x00" in message:
+        raise ValueError("a signal message cannot contain NUL")
+    if len(message) > MAX_MESSAGE_BYTES // 4 and len(message.encode()) > MAX_MESSAGE_BYTES:
+        raise ValueError(f"a signal message holds at most {MAX_MESSAGE_BYTES} UTF-8 bytes")
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a signal channel's name is a non-empty str, got {name!r}")
+
+
+class _Callbacks:
+    """A ``listen()`` receiver: runs the caller's callbacks, never letting them raise into the channel."""
+
+    def __init__(self, on_message: Callable[[str], None], on_gap: Callable[[], None] | None) -> None:
+        self.on_message = on_message
+        self.on_gap = on_gap
+
+    def message(self, message: str) -> None:
+        try:
+            self.on_message(message)
+        except Exception:
+            logger.exception("a signal callback raised; the channel carries on")
+
+    def gap(self) -> None:
+        if self.on_gap is not None:
+            try:
+                self.on_gap()
+            except Exception:
+                logger.exception("a signal gap callback raised; the channel carries on")
+
+    def end(self) -> None:
+        """The channel closed: nothing more will come."""
+
+
+class Subscription:
+    """Messages of one channel name as an async iterator of ``str`` and :data:`GAP`; async-closable."""
+
+    def __init__(self, signals: SignalChannel, name: str, buffer: int) -> None:
+        if buffer < 1:
+            raise ValueError(f"buffer must be >= 1, got {buffer}")
+        self.name = name
+        self._signals = signals
+        self._buffer = buffer
+        self._items: deque[str | Gap] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended = False
+
+    def message(self, message: str) -> None:
+        if len(self._items) >= self._buffer:  # a slow reader: forget the backlog, it catches up instead
+            self._items.clear()
+            self._items.append(GAP)
+        else:
+            self._items.append(message)
+        self._wake()
+
+    def gap(self) -> None:
+        if not self._items or self._items[-1] is not GAP:
+            self._items.append(GAP)
+        self._wake()
+
+    def end(self) -> None:
+        self._ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> str | Gap:
+        while not self._items:
+            if self._ended:
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    def pending(self) -> int:
+        """How many items wait to be read."""
+        return len(self._items)
+
+    async def aclose(self) -> None:
+        """Stop receiving; the iteration ends after the items already received."""
+        self.close()
+
+    def close(self) -> None:
+        """The same as ``aclose()``, from synchronous code."""
+        if not self._ended:
+            self._signals._remove(self.name, self)
+            self.end()
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+_Receiver = _Callbacks | Subscription
+
+
+class SignalChannel(Sink):
+    """Named channels of small text messages shared by every store object on one backend namespace.
+
+    Get the one of a store with :func:`channel`. ``publish``, ``subscribe`` and ``listen`` are the
+    whole API; the transport (one per channel object) is chosen from the store's type.
+    """
+
+    def __init__(self, store: Any) -> None:
+        factory = _transport_factory(store)
+        self._store = weakref.ref(store)
+        self._receivers: dict[str, dict[_Receiver, None]] = {}
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._watching = False
+        self._closed = False
+        self.transport: Transport = factory(store, self)
+
+    @property
+    def closed(self) -> bool:
+        """True once the channel, or its store, is closed."""
+        store = self._store()
+        return self._closed or store is None or bool(getattr(store, "closed", False))
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise StoreClosedError("the signal channel's store is closed")
+
+    async def publish(self, name: str, message: str) -> None:
+        """Send ``message`` to every subscriber of ``name`` in every process (this one included).
+
+        Raises StoreConnectionError when the backend cannot be reached (the message is then lost).
+        """
+        self._check_open()
+        _check_name(name)
+        _check_message(message)
+        await self.transport.publish(name, message)
+
+    async def subscribe(self, name: str, *, buffer: int = DEFAULT_BUFFER) -> Subscription:
+        """An async iterator of the messages published on ``name`` from now on (and GAPs)."""
+        _check_name(name)
+        subscription = Subscription(self, name, buffer)
+        await self._add(name, subscription)
+        return subscription
+
+    async def listen(
+        self, name: str, on_message: Callable[[str], None], on_gap: Callable[[], None] | None = None
+    ) -> Callable[[], None]:
+        """Call ``on_message(message)`` for each message on ``name`` from now on, ``on_gap()`` for each GAP.
+
+        Callbacks run on the event loop and must not block; one that raises is logged. Returns an
+        idempotent unsubscribe callable.
+        """
+        _check_name(name)
+        receiver = _Callbacks(on_message, on_gap)
+        await self._add(name, receiver)
+        return lambda: self._remove(name, receiver)
+
+    async def aclose(self) -> None:
+        """End every subscription and release the transport's connections and tasks; closing twice is fine."""
+        if self._closed:
+            return
+        self._closed = True
+        for receivers in self._receivers.values():
+            for receiver in receivers:
+                receiver.end()
+        self._receivers.clear()
+        current = asyncio.current_task()
+        tasks = [task for task in self._tasks if task is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.transport.aclose()
+
+    async def __aenter__(self) -> SignalChannel:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- receivers ---------------------------------------------------------------------
+
+    async def _add(self, name: str, receiver: _Receiver) -> None:
+        self._check_open()
+        self._watch()
+        async with self._lock:
+            receivers = self._receivers.setdefault(name, {})
+            receivers[receiver] = None
+            if len(receivers) == 1:
+                try:
+                    await self.transport.listen(name)
+                except BaseException:
+                    receivers.pop(receiver, None)
+                    raise
+
+    def _remove(self, name: str, receiver: _Receiver) -> None:
+        receivers = self._receivers.get(name)
+        if receivers is None or receivers.pop(receiver, False) is False:
+            return
+        if not receivers and not self._closed:
+            self._spawn(self._forget(name))
+
+    async def _forget(self, name: str) -> None:
+        async with self._lock:
+            if name in self._receivers and not self._receivers[name]:
+                del self._receivers[name]
+                await self.transport.unlisten(name)
+
+    # -- Sink: what the transport calls --------------------------------------------------
+
+    def deliver(self, name: str, message: str) -> None:
+        """Hand ``message`` to the receivers of ``name``."""
+        for receiver in list(self._receivers.get(name, ())):
+            receiver.message(message)
+
+    def gap(self) -> None:
+        """Tell every receiver that messages may have been lost."""
+        for receivers in list(self._receivers.values()):
+            for receiver in list(receivers):
+                receiver.gap()
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run a background task that ``aclose()`` cancels."""
+        return self._spawn(coroutine)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _watch(self) -> None:
+        """Close the channel once the store is closed (BaseStore has no close hook to tell it)."""
+        if not self._watching:
+            self._watching = True
+            self._spawn(self._watchdog())
+
+    async def _watchdog(self) -> None:
+        while not self.closed:  # noqa: ASYNC110 - the store has no event to wait on
+            await asyncio.sleep(_WATCH_INTERVAL)
+        await self.aclose()
+
+
+def _transport_factory(store: Any) -> Callable[[Any, Sink], Transport]:
+    for cls in type(store).__mro__:
+        target = _TRANSPORTS.get(f"{cls.__module__}:{cls.__qualname__}")
+        if target is not None:
+            module, _, name = target.partition(":")
+            factory: Callable[[Any, Sink], Transport] = getattr(importlib.import_module(module), name)
+            return factory
+    raise TypeError(f"no signal transport for {type(store).__name__}: kvstores' own stores have one")
+
+
+_CHANNELS: weakref.WeakKeyDictionary[Any, SignalChannel] = weakref.WeakKeyDictionary()
+
+
+def channel(store: Any) -> SignalChannel:
+    """The signal channel of ``store``: one per store object (a new one once the previous was closed)."""
+    signals = _CHANNELS.get(store)
+    if signals is None or (signals._closed and not getattr(store, "closed", False)):
+        signals = _CHANNELS[store] = SignalChannel(store)
+    return signals

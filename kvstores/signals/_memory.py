@@ -1,0 +1,18 @@
+"""In-process signals: a MemoryStore (and ``sqlite://:memory:``) is private to one process."""
+
+from __future__ import annotations
+
+from kvstores.signals._transport import Transport
+
+
+class MemoryTransport(Transport):
+    """Delivers each message to this channel's receivers at once, in publish order."""
+
+    async def listen(self, name: str) -> None:
+        """Nothing to set up."""
+
+    async def unlisten(self, name: str) -> None:
+        """Nothing to tear down."""
+
+    async def publish(self, name: str, message: str) -> None:
+        self.sink.deliver(name, message)
