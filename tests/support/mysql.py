@@ -1,0 +1,319 @@
+"""MariaDB/MySQL for the tests: a server at KVSTORES_MYSQL_URL, or a private MariaDB of the session's own.
+
+The table's row reaches the server at KVSTORES_MYSQL_URL when it is set (a user allowed to
+create and drop databases and users); otherwise it starts a private MariaDB server
+(:class:`MariaDBServer`: ``mariadb-install-db`` into a temporary folder, then ``mariadbd
+--user=mysql`` on a free loopback port; the machine's own server, if any, is never used) once
+per session and removes it at the end. Either way the row creates a database of its own and
+drops it at the end; each namespace is a table in that database (the store's ``table``
+option). The fault tests run private servers of their own, which they stop, kill and restart.
+
+Run as ``python -m tests.support.mysql crash URL TABLE FIRST_GENERATION``: the child of the
+SIGKILL test, which loops ``put_many`` of one crash-test batch after another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import asyncmy
+
+from tests.support import Backend, Unavailable, free_port, stop_process
+
+URL_VARIABLE = "KVSTORES_MYSQL_URL"
+"""Environment variable naming a server (and a database to connect to) the tests use instead of a private one."""
+
+MAX_ALLOWED_PACKET = "64M"
+"""The private server's max_allowed_packet: a value of kvstores' largest size travels in one statement."""
+
+
+def with_database(url: str, database: str) -> str:
+    """``url`` naming ``database`` instead of its own."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
+
+
+def connect_options(url: str) -> dict[str, Any]:
+    """asyncmy.connect's arguments for ``mysql://user:password@host:port/database``."""
+    parts = urlsplit(url)
+    return {
+        "host": parts.hostname or "127.0.0.1",
+        "port": parts.port or 3306,
+        "user": unquote(parts.username or "root"),
+        "password": unquote(parts.password or ""),
+        "database": unquote(parts.path.lstrip("/")) or None,
+        "autocommit": True,
+        "charset": "utf8mb4",
+        "binary_prefix": True,
+        "connect_timeout": 10,
+    }
+
+
+def run_sql(url: str, *statements: str | tuple[str, Sequence[Any]]) -> list[Any]:
+    """Run each statement (SQL, or (SQL, arguments)) on one new connection; return each one's rows.
+
+    Runs on a thread of its own with its own event loop, so that sync code (fixtures, other
+    threads) and async tests alike can call it.
+    """
+    results: list[Any] = []
+    failure: list[BaseException] = []
+
+    async def work() -> None:
+        connection = await asyncmy.connect(**connect_options(url))
+        try:
+            for statement in statements:
+                sql, arguments = (statement, ()) if isinstance(statement, str) else statement
+                async with connection.cursor() as cursor:
+                    await cursor.execute(sql, arguments or None)
+                    results.append(list(await cursor.fetchall()) if cursor.description else [])
+        finally:
+            connection.close()
+
+    def thread() -> None:
+        try:
+            asyncio.run(work())
+        except BaseException as exc:
+            failure.append(exc)
+
+    runner = threading.Thread(target=thread)
+    runner.start()
+    runner.join(timeout=60)
+    if runner.is_alive():
+        raise TimeoutError(f"SQL on {urlsplit(url).netloc} did not finish within 60 s")
+    if failure:
+        raise failure[0]
+    return results
+
+
+def create_database(url: str, prefix: str = "kvstores_tests") -> str:
+    """Create a database with a new name on the server of ``url``; return its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    run_sql(url, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+    return with_database(url, name)
+
+
+def drop_database(url: str, database_url: str) -> None:
+    """Drop the database of ``database_url`` through ``url``."""
+    name = urlsplit(database_url).path.lstrip("/")
+    run_sql(url, f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def table_name(namespace: str) -> str:
+    """The table of ``namespace``: the name itself when it is an identifier, else a digest of it."""
+    if re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", namespace):
+        return namespace
+    return "ns_" + hashlib.sha256(namespace.encode()).hexdigest()[:40]
+
+
+def _program(*names: str) -> str:
+    for name in names:
+        for folder in (None, "/usr/sbin", "/usr/bin"):
+            found = shutil.which(name, path=folder)
+            if found:
+                return found
+    raise Unavailable(f"none of {', '.join(names)} is installed (Debian's mariadb-server package)")
+
+
+class MariaDBServer:
+    """A private MariaDB server on 127.0.0.1 in a temporary folder; data survives stop/start and kills.
+
+    Its ``root`` user (from 127.0.0.1, no password) may do anything; ``url`` is its ``test`` database.
+    """
+
+    def __init__(self) -> None:
+        self.daemon = _program("mariadbd", "mysqld")
+        self.install = _program("mariadb-install-db", "mysql_install_db")
+        self.port = free_port()
+        self.folder = Path(tempfile.mkdtemp(prefix="kvstores-mariadb-"))
+        self.data = self.folder / "data"
+        self.log = self.folder / "server.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self._user: list[str] = []
+        if os.geteuid() == 0:  # the server refuses to run as root: it runs as mysql, which owns the folder
+            self._user = ["--user=mysql"]
+            shutil.chown(self.folder, "mysql", "mysql")
+        init = self.folder / "init.sql"  # run at every start: root over TCP, and a database to connect to
+        init.write_text(
+            "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1';\n"
+            "GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;\n"
+            "CREATE DATABASE IF NOT EXISTS test;\n"
+        )
+
+    @property
+    def url(self) -> str:
+        """A URL of the server's ``test`` database, as ``root``."""
+        return f"mysql://root@127.0.0.1:{self.port}/test"
+
+    def init(self) -> None:
+        """Create the data folder."""
+        command = [self.install, "--no-defaults", *self._user, f"--datadir={self.data}", "--skip-test-db"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=self.folder)
+        if result.returncode != 0:
+            raise Unavailable(f"mariadb-install-db failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
+
+    def start(self, timeout: float = 60) -> None:
+        """Start the server (again, after a stop) and wait until it accepts connections."""
+        if self.process is not None and self.process.poll() is None:
+            return
+        command = [
+            self.daemon,
+            "--no-defaults",
+            *self._user,
+            f"--datadir={self.data}",
+            f"--port={self.port}",
+            "--bind-address=127.0.0.1",
+            f"--socket={self.folder / 'mysqld.sock'}",
+            f"--pid-file={self.folder / 'mysqld.pid'}",
+            f"--log-error={self.log}",
+            f"--init-file={self.folder / 'init.sql'}",
+            f"--max-allowed-packet={MAX_ALLOWED_PACKET}",
+            "--skip-name-resolve",
+            "--skip-log-bin",
+            "--innodb-buffer-pool-size=64M",
+            "--innodb-log-file-size=48M",
+            "--innodb-flush-log-at-trx-commit=2",  # the tests need speed, not durability of the last second
+            "--max-connections=500",
+        ]
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.folder
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                run_sql(self.url, "SELECT 1")
+                return
+            except Exception as exc:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    log = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+                    self.kill()
+                    raise Unavailable(f"mariadbd did not start: {exc}\n{log}") from exc
+                time.sleep(0.1)
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server: ``fast`` is a clean shutdown (clients disconnected), ``immediate`` a SIGKILL."""
+        if mode == "immediate":
+            self.kill()
+        elif self.process is not None:
+            stop_process(self.process, timeout=60)
+            self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash)."""
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+            self.process = None
+
+    @property
+    def running(self) -> bool:
+        """True while the server process runs."""
+        return self.process is not None and self.process.poll() is None
+
+    def remove(self) -> None:
+        """Kill the server if it runs, and delete its folder."""
+        self.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class MySQLBackend(Backend):
+    """MySQLStore from a URL, on a database of the session's own; one table per namespace."""
+
+    name = "mysql"
+
+    def start(self) -> None:
+        self.server: MariaDBServer | None = None
+        self.server_url = os.environ.get(URL_VARIABLE, "")
+        if not self.server_url:
+            self.server = MariaDBServer()
+            try:
+                self.server.init()
+                self.server.start()
+            except Unavailable:
+                self.server.remove()
+                raise
+            self.server_url = self.server.url
+        try:
+            self.database_url = create_database(self.server_url)
+        except (OSError, asyncmy.MySQLError) as exc:
+            if self.server is not None:
+                self.server.remove()
+            raise Unavailable(f"no MariaDB/MySQL at {urlsplit(self.server_url).netloc}: {exc}") from exc
+
+    def stop(self) -> None:
+        try:
+            drop_database(self.server_url, self.database_url)
+        finally:
+            if self.server is not None:
+                self.server.remove()
+
+    def url(self, namespace: str) -> tuple[str, dict[str, Any]]:
+        return self.database_url, {"table": table_name(namespace)}
+
+    def corrupt(self, store: Any, key: str, raw: str | bytes | int) -> None:
+        if not isinstance(raw, str):
+            import pytest
+
+            pytest.skip("MySQLStore's value column is text: bytes and numbers cannot be put there")
+        sql = f"UPDATE {store.table} SET value = %s WHERE collection = %s AND `key` = %s"
+        run_sql(self.database_url, (sql, (raw, b"default", key.encode())))
+        (found,) = run_sql(
+            self.database_url,
+            (f"SELECT value FROM {store.table} WHERE collection = %s AND `key` = %s", (b"default", key.encode())),
+        )
+        assert [row[0] for row in found] == [raw]
+
+
+# -- child processes -------------------------------------------------------------------------
+
+
+def first_use(url: str, table: str, worker: int, barrier: Any, results: Any) -> None:
+    """Open a store on a table nobody created yet, at the same moment as the other workers, and write."""
+    from kvstores.backends.mysql import MySQLStore
+
+    async def work() -> None:
+        store = MySQLStore(url, table=table)
+        try:
+            await asyncio.to_thread(barrier.wait)
+            await store.put(f"w{worker}", {"worker": worker})
+        finally:
+            await store.aclose()
+
+    try:
+        asyncio.run(work())
+        results.put((worker, None))
+    except BaseException as exc:
+        results.put((worker, f"{type(exc).__name__}: {exc}"))
+
+
+async def _write_batches(url: str, table: str, generation: int) -> None:
+    from kvstores.backends.mysql import MySQLStore
+    from tests.support.workers import batch
+
+    store = MySQLStore(url, table=table)
+    deadline = time.monotonic() + 60  # bounded: the test kills it long before
+    while time.monotonic() < deadline:
+        keys, values = batch(generation)
+        await store.put_many(keys, values, collection="batches")
+        print(generation, flush=True)  # acknowledged: committed
+        generation += 1
+    await store.aclose()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "crash":
+        asyncio.run(_write_batches(sys.argv[2], sys.argv[3], int(sys.argv[4])))
