@@ -35,6 +35,7 @@ SCHEMES: dict[str, str] = {
     "mongodb+srv": "kvstores.backends.mongodb:MongoDBStore",
     "postgresql": "kvstores.backends.postgresql:PostgreSQLStore",
     "postgres": "kvstores.backends.postgresql:PostgreSQLStore",
+    **dict.fromkeys(("mysql", "mariadb"), "kvstores.backends.mysql:MySQLStore"),
 }
 """Built-in URL schemes and the store class each opens."""
 

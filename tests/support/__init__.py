@@ -63,6 +63,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "mongodb": ("mongodb", "tests.support.mongodb:MongoDBBackend"),
     "mongodb-motor": ("mongodb", "tests.support.mongodb:MotorBackend"),
     "postgresql": ("postgresql", "tests.support.postgresql:PostgreSQLBackend"),
+    "mysql": ("mysql", "tests.support.mysql:MySQLBackend"),
 }
 """Row id -> (pytest marker, "module:Class" of its entry). The marker also names the service
 in KVSTORES_REQUIRE; classes are imported on first use, so a missing driver skips its rows."""
