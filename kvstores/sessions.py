@@ -59,11 +59,13 @@ Costs and timing:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
+import re
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -88,9 +90,10 @@ try:
     )
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
     from mcp.server.transport_security import TransportSecuritySettings
+    from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
     from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
     from mcp.shared.transport_context import TransportContext
-    from mcp_types import INTERNAL_ERROR, ErrorData, InitializeRequestParams, JSONRPCError
+    from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, ErrorData, InitializeRequestParams, JSONRPCError
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
     from pydantic import ValidationError
     from starlette.requests import Request
@@ -102,7 +105,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
     from fastmcp import FastMCP
-    from starlette.types import Message, Receive, Scope, Send
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
     from kvstores.protocol import AsyncKeyValue
 
@@ -113,6 +116,7 @@ __all__ = [
     "RECORD_VERSION",
     "REGISTRY_COLLECTION",
     "SessionRecord",
+    "SessionIdGuard",
     "SessionRecordError",
     "SessionRegistry",
     "http_app",
@@ -140,6 +144,41 @@ _MAX_HANDSHAKE_BYTES = 64 * 1024
 
 _BOOKKEEPING_TIMEOUT = 10.0
 """Seconds shielded registry bookkeeping may take after a request before it is given up."""
+
+_SDK_SESSION_ID = re.compile(r"(?<![0-9A-Za-z])[0-9a-f]{32}(?![0-9A-Za-z])")
+"""A session id as the SDK makes them (``uuid4().hex``), in a line of its log."""
+
+
+def _label(session_id: str) -> str:
+    """How kvstores names a session in logs and errors: never the id itself, a bearer-like secret.
+
+    The first 12 hex digits of the id's SHA-256: an operator holding the id finds its lines, a
+    reader of the logs cannot use them (nor inject anything through a hostile id).
+    """
+    return "#" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def _scrubbed(exc: BaseException, session_id: str) -> str:
+    """``exc`` as one log line, the session id it may name (a store error names its key) replaced by its label."""
+    return f"{type(exc).__name__}: {exc}".replace(session_id, _label(session_id))
+
+
+class _SessionIdRedaction(logging.Filter):
+    """Replaces the session ids in the SDK session manager's log lines (it logs them whole) by their labels."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = _SDK_SESSION_ID.sub(lambda found: _label(found[0]), message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+def _redact_sdk_logs() -> None:
+    """Install :class:`_SessionIdRedaction` on the SDK session manager's logger, once per process."""
+    sdk_logger = logging.getLogger(StreamableHTTPSessionManager.__module__)
+    if not any(isinstance(existing, _SessionIdRedaction) for existing in sdk_logger.filters):
+        sdk_logger.addFilter(_SessionIdRedaction())
 
 
 class SessionRecordError(DeserializationError):
@@ -183,7 +222,7 @@ class SessionRecord:
         version = stored.get("v")
         if version != RECORD_VERSION:
             raise SessionRecordError(
-                f"session record {session_id!r} has layout version {version!r}; this kvstores reads "
+                f"session record {_label(session_id)} has layout version {version!r}; this kvstores reads "
                 f"version {RECORD_VERSION} (was it written by another kvstores version?)"
             )
         try:
@@ -197,9 +236,11 @@ class SessionRecord:
                 owner=_typed(stored, "owner", (dict, type(None))),
             )
         except (KeyError, TypeError) as exc:
-            raise SessionRecordError(f"session record {session_id!r} is corrupt: {exc}") from exc
+            raise SessionRecordError(f"session record {_label(session_id)} is corrupt: {exc}") from exc
         if record.session_id != session_id:
-            raise SessionRecordError(f"session record {session_id!r} is corrupt: it names {record.session_id!r}")
+            raise SessionRecordError(
+                f"session record {_label(session_id)} is corrupt: it names {_label(record.session_id)}"
+            )
         return record
 
 
@@ -310,7 +351,9 @@ def _readable(session_id: str) -> Iterator[None]:
     except SessionRecordError:
         raise
     except DeserializationError as exc:
-        raise SessionRecordError(f"session record {session_id!r} is corrupt: {exc}") from exc
+        raise SessionRecordError(
+            f"session record {_label(session_id)} is corrupt: {_scrubbed(exc, session_id)}"
+        ) from exc
 
 
 def _negotiated_version(handshake: Mapping[str, Any] | None) -> str | None:
@@ -337,6 +380,7 @@ class DurableSessionManager(StreamableHTTPSessionManager):
             raise ValueError("durable sessions need a stateful session manager: stateless mode has no sessions")
         # The SDK gets no store: every transport receives its own scoped view instead.
         super().__init__(app, event_store=None, **kwargs)
+        _redact_sdk_logs()
         self.registry = registry
         self.shared_event_store = event_store
         self._checked: dict[str, float] = {}  # session id -> monotonic time of its last registry check
@@ -353,11 +397,14 @@ class DurableSessionManager(StreamableHTTPSessionManager):
         transport = self._server_instances.get(session_id)
         if transport is None:
             refusal = await self._adopt(session_id, requestor)
-            if refusal is not None:
-                await refusal(scope, receive, send)
-                return
-        elif requestor == self._session_owners.get(session_id):
+        elif requestor != self._session_owners.get(session_id):
+            refusal = _refused_to_another(session_id)  # what the SDK answers, without logging the id
+        else:
+            refusal = None
             await self._revalidate(session_id, transport)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
         if scope["method"] == "DELETE":
             send = self._recording_termination(session_id, send)
         await super()._handle_stateful_request(scope, receive, send)
@@ -394,30 +441,33 @@ class DurableSessionManager(StreamableHTTPSessionManager):
                         await self._record_termination(sid)
 
     async def _adopt(self, session_id: str, requestor: dict[str, Any] | None) -> Response | None:
-        """Serve a registered session here; return the response that refuses it instead, if any.
-
-        Returning None without adopting leaves the SDK to answer its 404.
-        """
+        """Serve a registered session here; return the response that refuses it instead (None: serve it)."""
         if len(session_id) > _MAX_SESSION_ID_LENGTH or not SESSION_ID_PATTERN.fullmatch(session_id):
-            return None
+            return _session_not_found()
         try:
             record = await self.registry.get(session_id)
         except SessionRecordError as exc:
-            logger.error("Cannot resume session %s: %s", session_id[:64], exc)
+            logger.error("Cannot resume session %s: %s", _label(session_id), exc)
             return _error_response(f"Cannot resume session: {exc}", 500)
-        except Exception:
-            logger.exception("Session registry lookup failed for %s; answering as for an unknown session", session_id)
-            return None
+        except Exception as exc:
+            logger.error(
+                "Session registry lookup failed for %s (%s); answering as for an unknown session",
+                _label(session_id),
+                _scrubbed(exc, session_id),
+            )
+            return _session_not_found()
         if record is None or record.terminated:
-            return None
+            logger.debug("Refusing session %s: unknown, expired or terminated", _label(session_id))
+            return _session_not_found()
         if record.owner != requestor:
-            logger.warning("Refusing session %s: credential does not match its creator's", session_id[:64])
-            return None
+            return _refused_to_another(session_id)
         async with self._session_creation_lock:
             if session_id in self._server_instances:
                 return None  # adopted by a concurrent request meanwhile
             if self.max_sessions is not None and len(self._server_instances) >= self.max_sessions:
-                logger.warning("Refusing to adopt session %s: %d sessions are open", session_id[:64], self.max_sessions)
+                logger.warning(
+                    "Refusing to adopt session %s: %d sessions are open", _label(session_id), self.max_sessions
+                )
                 return _error_response("Too many open sessions", 503)
             await self._start_adopted(record)
         await self._refresh(session_id)
@@ -459,13 +509,13 @@ class DurableSessionManager(StreamableHTTPSessionManager):
                             self.app, dispatcher, connection=connection, lifespan_state=self._lifespan_state
                         )
                 except Exception:
-                    logger.exception("Adopted session %s crashed", session_id[:64])
+                    logger.exception("Adopted session %s crashed", _label(session_id))
                 finally:
                     await self._discard_session(session_id, transport)
 
         assert self._task_group is not None
         await self._task_group.start(run_server)
-        logger.info("Adopted session %s from the session registry", session_id[:64])
+        logger.info("Adopted session %s from the session registry", _label(session_id))
 
     async def _revalidate(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
         """Once per refresh interval: refresh the record, and drop the session if it ended elsewhere."""
@@ -474,7 +524,7 @@ class DurableSessionManager(StreamableHTTPSessionManager):
             return
         record = await self._refresh(session_id)
         if record is not None and (record is _GONE or cast(SessionRecord, record).terminated):
-            logger.info("Session %s was terminated or expired elsewhere; closing it here", session_id[:64])
+            logger.info("Session %s was terminated or expired elsewhere; closing it here", _label(session_id))
             await self._discard_session(session_id, transport)
 
     async def _refresh(self, session_id: str) -> SessionRecord | object | None:
@@ -483,7 +533,11 @@ class DurableSessionManager(StreamableHTTPSessionManager):
         try:
             record = await self.registry.touch(session_id)
         except Exception as exc:
-            logger.warning("Could not refresh session %s in the session registry: %r", session_id[:64], exc)
+            logger.warning(
+                "Could not refresh session %s in the session registry: %s",
+                _label(session_id),
+                _scrubbed(exc, session_id),
+            )
             return None
         return _GONE if record is None else record
 
@@ -521,16 +575,22 @@ class DurableSessionManager(StreamableHTTPSessionManager):
     async def _register(self, session_id: str, owner: dict[str, Any] | None, handshake: dict[str, Any] | None) -> None:
         try:
             if not await self.registry.register(session_id, owner=owner, handshake=handshake):
-                logger.error("Session id %s is already in the session registry; not recorded", session_id[:64])
-        except Exception:
+                logger.error("Session id %s is already in the session registry; not recorded", _label(session_id))
+        except Exception as exc:
             # A registry outage costs the session its durability, not its response.
-            logger.exception("Could not record session %s in the session registry", session_id[:64])
+            logger.error(
+                "Could not record session %s in the session registry: %s",
+                _label(session_id),
+                _scrubbed(exc, session_id),
+            )
 
     async def _record_termination(self, session_id: str) -> None:
         try:
             await self.registry.terminate(session_id)
-        except Exception:
-            logger.exception("Could not record the termination of session %s", session_id[:64])
+        except Exception as exc:
+            logger.error(
+                "Could not record the termination of session %s: %s", _label(session_id), _scrubbed(exc, session_id)
+            )
 
     async def close_sessions(self) -> None:
         """Shut down: end this process's transports gracefully, leaving every session adoptable."""
@@ -558,7 +618,7 @@ def _client_params(record: SessionRecord) -> InitializeRequestParams | None:
     try:
         return InitializeRequestParams.model_validate(record.handshake, by_name=False)
     except ValidationError:
-        logger.warning("Recorded handshake of session %s is unreadable; adopting it without", record.session_id)
+        logger.warning("Recorded handshake of session %s is unreadable; adopting it without", _label(record.session_id))
         return None
 
 
@@ -586,12 +646,66 @@ def _response_session_id(message: Message) -> str | None:
     return None
 
 
-def _error_response(message: str, status_code: int) -> Response:
+def _refused_to_another(session_id: str) -> Response:
+    """The 404 for a session that exists but was opened with other credentials (as if it did not exist)."""
+    logger.warning("Refusing session %s: credential does not match its creator's", _label(session_id))
+    return _session_not_found()
+
+
+def _session_not_found() -> Response:
+    """The SDK's own answer to an unknown session id, byte for byte."""
+    return _error_response("Session not found", 404, INVALID_REQUEST)
+
+
+def _error_response(message: str, status_code: int, code: int = INTERNAL_ERROR) -> Response:
     """A JSON-RPC error without request id, as the SDK's session manager sends its own."""
-    body = JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=INTERNAL_ERROR, message=message))
+    body = JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=code, message=message))
     return Response(
         body.model_dump_json(by_alias=True, exclude_unset=True), status_code=status_code, media_type="application/json"
     )
+
+
+class SessionIdGuard:
+    """ASGI middleware: a sessionless (2026-07-28) request reaches the app without its ``Mcp-Session-Id``.
+
+    The SDK serves a request whose ``MCP-Protocol-Version`` is not a handshake-era version
+    without any session, and FastMCP then keys that request's ``ctx.get_state`` /
+    ``ctx.set_state`` by its ``Mcp-Session-Id`` header: whoever knows a session's id would read
+    and overwrite that session's state, with any credentials, even after the session ended.
+    With the header removed the request is served as what it says it is, sessionless, with
+    state of its own. :func:`http_app` installs it; FastMCP's own app takes it in one line,
+    ``app = SessionIdGuard(mcp.http_app())`` (or ``mcp.http_app(middleware=[Middleware(SessionIdGuard)])``).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _is_sessionless(scope["headers"]):
+            headers = [(name, value) for name, value in scope["headers"] if name.lower() != _SESSION_ID_HEADER]
+            if len(headers) != len(scope["headers"]):
+                logger.debug("Removed the Mcp-Session-Id header of a sessionless (%s) request", _era(scope["headers"]))
+                scope = {**scope, "headers": headers}
+        await self.app(scope, receive, send)
+
+
+_SESSION_ID_HEADER = MCP_SESSION_ID_HEADER.lower().encode("latin-1")
+_PROTOCOL_VERSION_HEADER = MCP_PROTOCOL_VERSION_HEADER.lower().encode("latin-1")
+
+
+def _era(headers: Iterable[tuple[bytes, bytes]]) -> list[str]:
+    """The request's ``MCP-Protocol-Version`` values (a well-formed request has at most one)."""
+    return [value.decode("latin-1") for name, value in headers if name.lower() == _PROTOCOL_VERSION_HEADER]
+
+
+def _is_sessionless(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """True when any ``MCP-Protocol-Version`` of the request is not a handshake-era version.
+
+    The SDK routes a request to its sessionless entry when its (first) such header names a
+    version other than a handshake-era one; any, not first, removes the header in every case
+    the SDK might route there, and from malformed requests that the handshake path refuses anyway.
+    """
+    return any(version not in HANDSHAKE_PROTOCOL_VERSIONS for version in _era(headers))
 
 
 def _streamable_endpoint(app: StarletteWithLifespan) -> StreamableHTTPASGIApp:
@@ -656,4 +770,5 @@ def http_app(
 
     app.router.lifespan_context = lifespan
     app.state.session_registry = registry
+    app.add_middleware(SessionIdGuard)
     return app

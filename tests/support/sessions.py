@@ -9,7 +9,9 @@ serves a FastMCP server (state in the store, events in a StoreEventStore on it) 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import httpx2
 from fastmcp import Client, Context, FastMCP
 from fastmcp.client.transports import StreamableHttpTransport
 from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
+from mcp_types.version import LATEST_MODERN_VERSION
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 
@@ -105,10 +108,25 @@ def routed_client(router: Router, *, token: str | None = None) -> Client[Any]:
     return Client(StreamableHttpTransport(url, httpx_client_factory=factory, auth=token), mode="legacy")
 
 
-def build_app(store: Any, *, idle_ttl: float, auth: bool = False, registry_store: Any = None) -> Any:
+def label(session_id: str) -> str:
+    """How kvstores names a session in its logs and errors (README, security notes): never the id itself."""
+    return "#" + hashlib.sha256(session_id.encode()).hexdigest()[:12]
+
+
+def modern_client(url: str, *, token: str, session_id: str) -> Client[Any]:
+    """A FastMCP 2026-07-28 (sessionless) client that sends ``session_id`` as its Mcp-Session-Id on every request."""
+    transport = StreamableHttpTransport(url, headers={"mcp-session-id": session_id}, auth=token)
+    return Client(transport, mode=LATEST_MODERN_VERSION)
+
+
+def build_app(
+    store: Any, *, idle_ttl: float = 600, auth: bool = False, registry_store: Any = None, durable: bool = True
+) -> Any:
     """The server on ``store``: tools that set and read session state, and long_task (its stream drops midway).
 
     ``registry_store`` (default ``store``) is the store passed to http_app: a wrapper that counts calls.
+    ``durable=False`` serves FastMCP's own ``mcp.http_app()`` behind :class:`kvstores.sessions.SessionIdGuard`
+    instead of ``kvstores.sessions.http_app``.
     """
     from kvstores.events import StoreEventStore
     from kvstores.sessions import http_app
@@ -144,6 +162,10 @@ def build_app(store: Any, *, idle_ttl: float, auth: bool = False, registry_store
     async def health(request: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")
 
+    if not durable:
+        from kvstores.sessions import SessionIdGuard
+
+        return SessionIdGuard(mcp.http_app(event_store=StoreEventStore(store), retry_interval=RECONNECT_MS))
     return http_app(
         mcp,
         store=registry_store or store,
@@ -164,6 +186,11 @@ def main() -> None:
     parser.add_argument("--auth", action="store_true")
     args = parser.parse_args()
     from kvstores import open_store
+
+    # What a production process logs (WARNING and up), plus everything kvstores logs: the
+    # tests read it to check that no session id is ever logged whole.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    logging.getLogger("kvstores").setLevel(logging.DEBUG)
 
     app = build_app(open_store(args.store, **json.loads(args.options)), idle_ttl=args.idle_ttl, auth=args.auth)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=1)
