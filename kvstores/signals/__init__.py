@@ -82,7 +82,7 @@ _TRANSPORTS = {
     "kvstores.backends.memory:MemoryStore": "kvstores.signals._memory:MemoryTransport",
     "kvstores.backends.redis:RedisStore": "kvstores.signals._redis:RedisTransport",
     "kvstores.backends.postgresql:PostgreSQLStore": "kvstores.signals._postgresql:PostgreSQLTransport",
-    "kvstores.backends.sqlite:SQLiteStore": "kvstores.signals._sqlite:SQLiteTransport",
+    "kvstores.backends.sqlite:SQLiteStore": "kvstores.signals._sqlite:transport",
     "kvstores.backends.mongodb:MongoDBStore": "kvstores.signals._mongodb:MongoDBTransport",
 }
 
