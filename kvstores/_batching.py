@@ -12,6 +12,9 @@ Each call keeps its own result: the bulk call's results are handed back one per 
 failure of the bulk call (a lost connection) fails every call of that batch with the same
 error, and a cancelled caller only withdraws its own call. Validation and decoding happen
 in the caller, outside the batch, so one bad input or undecodable value never fails another.
+
+:meth:`Coalescer.close` is final: the calls still queued fail with the error it is given, and
+no batch starts afterwards (a batch already in flight completes or fails on its own).
 """
 
 from __future__ import annotations
@@ -50,11 +53,14 @@ class Coalescer(Generic[Item, Result]):
         self._max_bytes = max_bytes
         self._on_batch = on_batch
         self._busy = False
+        self._closed: Callable[[], BaseException] | None = None
         self._queue: deque[tuple[Item, asyncio.Future[Result]]] = deque()
         self._flusher: asyncio.Task[None] | None = None
 
     async def __call__(self, item: Item) -> Result:
         """The result of ``item``, run alone when nothing is in flight, else in the next batch."""
+        if self._closed is not None:
+            raise self._closed()
         if self._busy:
             future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
             self._queue.append((item, future))
@@ -65,16 +71,24 @@ class Coalescer(Generic[Item, Result]):
         finally:
             self._hand_over()
 
+    def close(self, error: Callable[[], BaseException]) -> None:
+        """Fail every queued call with ``error()`` and start no batch from now on."""
+        self._closed = error
+        while self._queue:
+            _, future = self._queue.popleft()
+            if not future.done():
+                future.set_exception(error())
+
     def _hand_over(self) -> None:
         """The flight landed: start a task that runs what queued meanwhile, or go idle."""
-        if self._queue:
+        if self._queue and self._closed is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
         else:
             self._busy = False
 
     async def _flush(self) -> None:
         try:
-            while self._queue:
+            while self._queue and self._closed is None:
                 batch = self._take()
                 if not batch:
                     continue

@@ -8,6 +8,13 @@ validated and values that are already encoded JSON text, so a backend never vali
 encodes anything itself. The single-key primitives default to a bulk call of one key;
 backends override them when a single-key command is cheaper.
 
+Lifecycle: a backend that opens a connection bound to the event loop (a thread, a pool)
+calls :meth:`BaseStore._release_with_loop` once it has; if nobody closes the store, the
+connection is then released as the loop shuts down (``asyncio.run``'s end, uvicorn's
+shutdown), so the process exits at once and silently, and the store reconnects on a later
+loop. ``aclose()`` is final: queued calls fail with StoreClosedError, a backend's open path
+checks :meth:`BaseStore._check_open` under its opening lock, so nothing reopens.
+
 ``update()`` is optimistic and lives here once for every backend: it reads the stored text,
 runs the caller's function with no lock held, then ``_swap``s in the result only if the
 stored text is still the one it read (compared by the backend, atomically); a lost race
@@ -23,7 +30,7 @@ import functools
 import os
 import random
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, SupportsFloat, TypeVar
 
@@ -82,6 +89,19 @@ def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
+async def _release_at_loop_end(store: BaseStore) -> AsyncGenerator[None, None]:
+    """Suspended until the event loop finalizes it: at its shutdown, or once the store is garbage.
+
+    asyncio finalizes the async generators still suspended as ``asyncio.run`` (or a Runner)
+    ends, while the loop still runs: that is where an unclosed store lets go of its connection.
+    """
+    try:
+        yield
+    finally:
+        if not store._closed:
+            await store._close()
+
+
 def _check_limit(limit: int | None) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
@@ -95,6 +115,7 @@ class BaseStore(abc.ABC):
     """
 
     _closed = False
+    _loop_guard: AsyncGenerator[None, None] | None = None
 
     def __init__(self, *, default_collection: str = DEFAULT_COLLECTION, batching: bool | None = False) -> None:
         """``batching``: coalesce concurrent single-key gets and puts into bulk calls (kvstores._batching);
@@ -155,10 +176,31 @@ class BaseStore(abc.ABC):
             _warn(f"unclosed {type(self).__name__}: close it with aclose() or async with", ResourceWarning, source=self)
 
     async def aclose(self) -> None:
-        """Release the store's resources; closing twice is fine, using it afterwards is not."""
-        if not self._closed:
-            self._closed = True
-            await self._close()
+        """Release the store's resources; closing twice is fine, using it afterwards is not.
+
+        Calls still queued for a batch fail with StoreClosedError; a call already in flight
+        completes or fails; nothing reconnects afterwards.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for coalescer in (self._reads, self._writes):
+            if coalescer is not None:
+                coalescer.close(self._closed_error)
+        guard, self._loop_guard = self._loop_guard, None
+        if guard is not None:
+            await guard.aclose()
+        await self._close()
+
+    async def _release_with_loop(self) -> None:
+        """Have the running event loop release this store's connection as it shuts down.
+
+        A backend calls this when it has opened a connection bound to the running loop. Once
+        per loop: a store used again on a later loop reconnects and calls it again.
+        """
+        guard = _release_at_loop_end(self)
+        await anext(guard)
+        self._loop_guard = guard
 
     async def close(self) -> None:
         """The same as ``aclose()``: py-key-value's stores are closed with ``close()``."""
@@ -169,9 +211,13 @@ class BaseStore(abc.ABC):
         """True once ``aclose()`` has been called."""
         return self._closed
 
+    def _closed_error(self) -> StoreClosedError:
+        return StoreClosedError(f"{type(self).__name__} is closed")
+
     def _check_open(self) -> None:
+        """Raise StoreClosedError once the store is closed (backends call it before (re)connecting)."""
         if self._closed:
-            raise StoreClosedError(f"{type(self).__name__} is closed")
+            raise self._closed_error()
 
     def _collection(self, collection: str | None) -> str:
         """The validated name of ``collection`` (the default for None); raise if the store is closed."""

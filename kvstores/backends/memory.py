@@ -15,7 +15,8 @@ Bounds and reclamation:
   live entries plus what was written within one sweep interval, and never beyond
   ``max_entries``.
 
-Options: ``max_entries``, ``sweep_interval``, ``default_collection``.
+Options: ``max_entries``, ``sweep_interval``, ``default_collection``, and ``batching``, which
+every store accepts: a MemoryStore has no round trips to share, so it never coalesces calls.
 URL: ``memory://`` (query options, e.g. ``memory://?max_entries=1000``).
 """
 
@@ -24,10 +25,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from time import monotonic
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 from cachetools import Cache, LRUCache
 
+from kvstores._urls import split_url_options
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "MemoryStore"]
@@ -35,6 +37,7 @@ __all__ = ["DEFAULT_MAX_ENTRIES", "MemoryStore"]
 DEFAULT_MAX_ENTRIES = 100_000
 """Default bound on the number of entries a MemoryStore holds."""
 
+_QUERY_OPTIONS = {"max_entries": int, "sweep_interval": float, "default_collection": str}
 _Entry = tuple[str, float | None]  # (encoded value, monotonic expiry or None)
 
 
@@ -47,8 +50,9 @@ class MemoryStore(BaseStore):
         max_entries: int = DEFAULT_MAX_ENTRIES,
         sweep_interval: float = 60.0,
         default_collection: str = DEFAULT_COLLECTION,
+        batching: bool | None = None,
     ) -> None:
-        super().__init__(default_collection=default_collection)
+        super().__init__(default_collection=default_collection, batching=False)
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self._cache: LRUCache[tuple[str, str], _Entry] = LRUCache(maxsize=max_entries)
@@ -58,10 +62,9 @@ class MemoryStore(BaseStore):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
         """Open ``memory://`` with options from the query string, overridden by ``options``."""
-        query: dict[str, Any] = dict(parse_qsl(urlsplit(url).query))
-        for name, convert in (("max_entries", int), ("sweep_interval", float)):
-            if name in query:
-                query[name] = convert(query[name])
+        rest, query = split_url_options(url, _QUERY_OPTIONS)
+        if urlsplit(rest).query:
+            raise ValueError(f"unknown options in a memory:// URL; it takes {', '.join(_QUERY_OPTIONS)}, batching")
         return cls(**{**query, **options})
 
     def __len__(self) -> int:

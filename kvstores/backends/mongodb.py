@@ -251,6 +251,7 @@ class MongoDBStore(BaseStore):
 
     async def _ready(self) -> Any:
         """The entries collection, with its indexes created on first use."""
+        self._check_open()
         if not self._indexed:
             async with self._index_lock:
                 if not self._indexed:

@@ -358,9 +358,11 @@ class PostgreSQLStore(BaseStore):
     async def _ready(self) -> asyncpg.Pool[Any]:
         """The pool, created on first use, with the table created and its version checked (run by _query)."""
         async with self._opening:
+            self._check_open()
             if self._ready_pool is None:
                 if self.pool is None:
                     self.pool = await asyncpg.create_pool(self._url, **self._pool_options)
+                    await self._release_with_loop()
                 await self._check_schema(self.pool)
                 self._ready_pool = self.pool
         return self._ready_pool

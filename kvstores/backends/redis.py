@@ -60,6 +60,7 @@ its own retry policy (redis-py's default retries every command, these included).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
@@ -72,7 +73,7 @@ from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
 from kvstores._urls import split_url_options
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
-from kvstores.errors import KVStoreError, StoreConnectionError
+from kvstores.errors import KVStoreError, StoreClosedError, StoreConnectionError
 
 try:
     from redis import exceptions as redis_errors
@@ -203,24 +204,51 @@ class _Gate:
         self._free = limit
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._cluster = cluster
+        self._inside = 0  # commands past the gate, not yet out
+        self._closed = False
+        self._left: asyncio.Event | None = None  # set when the last command leaves a closed gate
         self.used = False
         """True once a command has been sent: the client may hold connections from then on."""
 
     async def __aenter__(self) -> None:
+        if self._closed:
+            raise StoreClosedError("RedisStore is closed")
         self.used = True
         if self._free is not None:
             if self._free > 0:
                 self._free -= 1
             else:
                 await self._wait()
+        self._inside += 1
         if self._cluster is not None:
             try:
                 await self._cluster.initialize()
             except BaseException:
-                self._release()
+                self._leave()
                 raise
 
     async def __aexit__(self, *exc_info: object) -> None:
+        self._leave()
+
+    async def close(self, timeout: float) -> None:
+        """Let no command in from now on, and wait (up to ``timeout``) for those inside to leave.
+
+        Commands waiting for a slot fail with StoreClosedError.
+        """
+        self._closed = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(StoreClosedError("RedisStore is closed"))
+        if self._inside:
+            self._left = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._left.wait(), timeout)
+
+    def _leave(self) -> None:
+        self._inside -= 1
+        if self._left is not None and not self._inside:
+            self._left.set()
         self._release()
 
     async def _wait(self) -> None:
@@ -290,6 +318,7 @@ class RedisStore(BaseStore):
         if client is not None and not isinstance(client, (Redis, RedisCluster)):
             raise TypeError(f"client must be a redis.asyncio Redis or RedisCluster, not {type(client).__name__}")
         self.prefix = prefix
+        self._timeout = timeout
         self._pattern = _glob(prefix) + "{*"  # every key under the prefix
         self._owns_client = client is None
         self._sentinel: Sentinel | None = None
@@ -370,6 +399,7 @@ class RedisStore(BaseStore):
         return self._owns_client and self._gate.used
 
     async def _close(self) -> None:
+        await self._gate.close(self._timeout)
         if self._owns_client:
             with _translated:
                 await self.client.aclose()

@@ -258,8 +258,10 @@ class SQLiteStore(BaseStore):
             db = self._db
             if db is None:
                 async with self._opening:
+                    self._check_open()
                     if self._db is None:
                         self._db = await self._open()
+                        await self._release_with_loop()
                     db = self._db
             return await _on_thread(db, work)
 

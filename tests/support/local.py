@@ -22,6 +22,9 @@ class MemoryBackend(Backend):
     persistent = False
     processes = False
 
+    def url(self, namespace: str) -> tuple[str, dict[str, Any]]:
+        return "memory://", {}  # a new, empty store: nothing is shared, whatever the namespace
+
     async def open(self, namespace: str, **options: Any) -> MemoryStore:
         return MemoryStore(**options)
 
