@@ -21,9 +21,18 @@ from typing import Any
 import httpx
 import pytest
 
+from kvstores.sessions import SessionIdGuard
 from tests.support import Backend
 from tests.support.events import PROTOCOL_VERSION, serving
-from tests.support.sessions import Router, SessionServer, build_app, label, modern_client, routed_client
+from tests.support.sessions import (
+    SDK_SESSION_LOGGER,
+    Router,
+    SessionServer,
+    build_app,
+    label,
+    modern_client,
+    routed_client,
+)
 
 pytestmark = [
     pytest.mark.anyio,
@@ -74,6 +83,7 @@ async def server_pair(
 ) -> AsyncIterator[tuple[list[str], Callable[[], str]]]:
     """Two servers of ``kind`` on the test's namespace: their URLs and a function returning their logs."""
     caplog.set_level(logging.DEBUG, logger="kvstores")
+    caplog.set_level(logging.INFO, logger=SDK_SESSION_LOGGER)
     async with AsyncExitStack() as stack:
         if kind == "http_app" and backend.processes:
             url, options = backend.url(namespace)
@@ -105,3 +115,33 @@ async def test_a_session_id_cannot_be_borrowed(
         if kind == "http_app":
             assert session_id not in logs()
             assert f"Refusing session {label(session_id)}" in logs()  # Y's handshake-era requests, by label
+            assert f"session ID: {label(session_id)}" in logs()  # the SDK's line on opening it, redacted
+
+
+@pytest.mark.parametrize(
+    ("versions", "kept"),
+    [
+        ([], True),  # no version header: the handshake era (the SDK's default)
+        (["2025-11-25"], True),
+        (["2024-11-05"], True),
+        (["2026-07-28"], False),
+        (["1999-01-01"], False),  # the SDK's sessionless entry answers unknown versions
+        (["2026-07-28", "2025-11-25"], False),  # a duplicate: whichever the SDK reads, no session
+        (["2025-11-25", "2026-07-28"], False),
+    ],
+)
+async def test_the_guard_removes_the_session_id_of_every_request_the_sdk_serves_without_a_session(
+    versions: list[str], kept: bool
+) -> None:
+    seen: list[list[tuple[bytes, bytes]]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope.get("headers", []))
+
+    headers = [(b"mcp-protocol-version", v.encode()) for v in versions]
+    headers += [(b"mcp-session-id", b"s" * 32), (b"Mcp-Session-Id", b"t" * 32), (b"accept", b"*/*")]
+    guard = SessionIdGuard(app)
+    await guard({"type": "http", "headers": headers}, None, None)
+    await guard({"type": "lifespan"}, None, None)
+    expected = headers if kept else [header for header in headers if header[0].lower() != b"mcp-session-id"]
+    assert seen == [expected, []]  # and other scopes pass untouched

@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKENS = {"token-x": {"client_id": "principal-x", "scopes": []}, "token-y": {"client_id": "principal-y", "scopes": []}}
 """Bearer tokens of the servers started with ``auth=True``: two principals."""
 
+SDK_SESSION_LOGGER = "mcp.server.streamable_http_manager"
+"""The SDK session manager's logger: at INFO it names every session it opens."""
+
 
 class SessionServer:
     """This module run as a server process on a fixed free port; it can be killed and started again."""
@@ -187,10 +190,12 @@ def main() -> None:
     args = parser.parse_args()
     from kvstores import open_store
 
-    # What a production process logs (WARNING and up), plus everything kvstores logs: the
-    # tests read it to check that no session id is ever logged whole.
+    # What a production process logs (WARNING and up), plus everything kvstores logs and the
+    # SDK session manager's INFO lines (which name sessions): the tests read it to check that
+    # no session id is ever logged whole.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     logging.getLogger("kvstores").setLevel(logging.DEBUG)
+    logging.getLogger(SDK_SESSION_LOGGER).setLevel(logging.INFO)
 
     app = build_app(open_store(args.store, **json.loads(args.options)), idle_ttl=args.idle_ttl, auth=args.auth)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=1)
