@@ -29,6 +29,13 @@ answer, and anything a tool kept in process memory. Nothing here applies to stat
 requests of protocol 2026-07-28 (they have no session; FastMCP's session API covers them), nor
 to ``stateless_http=True`` apps, which :func:`http_app` refuses.
 
+A session id is a bearer-like secret. A request acts in a session only with its creator's
+credentials; a 2026-07-28 request, which has no session, loses any ``Mcp-Session-Id`` header
+before FastMCP sees it (:class:`SessionIdGuard`, which FastMCP's own app can use too), since
+FastMCP would otherwise key its state by that header. Logs and errors name a session by a
+label, ``#`` and 12 hex digits of the id's SHA-256, never by the id; the SDK session
+manager's log lines get the same treatment once a :class:`DurableSessionManager` exists.
+
 The registry (:class:`SessionRegistry`) holds one small record per session in the collection
 :data:`REGISTRY_COLLECTION`, keyed by session id: its id, created and last-seen times, a
 terminated flag, the negotiated protocol version, the client's ``initialize`` params and the
@@ -115,8 +122,8 @@ __all__ = [
     "MAX_REFRESH_INTERVAL",
     "RECORD_VERSION",
     "REGISTRY_COLLECTION",
-    "SessionRecord",
     "SessionIdGuard",
+    "SessionRecord",
     "SessionRecordError",
     "SessionRegistry",
     "http_app",
@@ -371,8 +378,9 @@ class DurableSessionManager(StreamableHTTPSessionManager):
     adopts a registered, unterminated session id it does not hold (when the credentials match
     its creator's), records a DELETE as termination, and gives each session's transport a view
     of ``event_store`` scoped to the session id, so that any process can replay a session's
-    events to that session only. Works with a plain SDK ``Server`` as well as under
-    :func:`http_app`.
+    events to that session only. Every refusal (unknown, ended or another principal's session)
+    is the SDK's 404, answered here so that no line logs the id. Works with a plain SDK
+    ``Server`` as well as under :func:`http_app`.
     """
 
     def __init__(self, app: Any, *, registry: SessionRegistry, event_store: EventStore | None = None, **kwargs: Any):
