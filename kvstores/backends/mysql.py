@@ -80,11 +80,11 @@ statement and one result row: MariaDB's default (16 MiB) is too small for those 
 
 Errors: a refused or lost connection, a server shutting down, a full server, a statement
 killed or timed out and the store's own deadline raise StoreConnectionError with asyncmy's
-error as ``__cause__``; a connection left broken is dropped, and a statement whose call
-timed out or was cancelled is killed on the server (``KILL``, on a connection of its own:
-a user may kill its own connections without any privilege) so that it holds no lock
-afterwards; the pool connects anew for the next call, and the same store object works again
-once the server is back. Any other asyncmy error raises KVStoreError.
+error as ``__cause__``; a connection left broken or mid-statement (a call cancelled) is
+dropped, and a statement whose call timed out is killed on the server (``KILL``, on a
+connection of its own: a user may kill its own connections without any privilege) so that
+it holds no lock afterwards; the pool connects anew for the next call, and the same store
+object works again once the server is back. Any other asyncmy error raises KVStoreError.
 """
 
 from __future__ import annotations
@@ -511,38 +511,42 @@ class MySQLStore(BaseStore):
     async def _run(self, work: Callable[[Any], Awaitable[T]]) -> T:
         """Run ``work(connection)`` on a pool connection, within the store's timeout, errors translated."""
         with _translated:
-            async with _deadline(self._timeout):  # first use included: waiting for another opener too
-                pool = self._ready_pool or await self._ready()
-                connection = await pool.acquire()
-                try:
-                    for attempt in range(_DEADLOCK_ATTEMPTS):
-                        try:
-                            return await work(connection)
-                        except my_errors.OperationalError as exc:
-                            # the server rolled back this statement (or transaction): running it again is exact
-                            if _code(exc) != _DEADLOCK or attempt == _DEADLOCK_ATTEMPTS - 1:
-                                raise
-                    raise AssertionError("unreachable")  # pragma: no cover
-                except asyncio.CancelledError:
-                    # our deadline or the caller's cancel: the statement may still run (and hold locks) on
-                    # the server, and the connection is mid-protocol: drop it and kill it on the server
-                    self._kill_later(connection)
-                    raise
-                except BaseException as exc:
-                    if _broken(exc):
-                        connection.close()  # the pool connects anew
-                    raise
-                finally:
-                    pool.release(connection)
+            cut: int | None = None  # the server thread of a statement our deadline interrupted
+            try:
+                async with _deadline(self._timeout):  # first use included: waiting for another opener too
+                    pool = self._ready_pool or await self._ready()
+                    connection = await pool.acquire()
+                    try:
+                        for attempt in range(_DEADLOCK_ATTEMPTS):
+                            try:
+                                return await work(connection)
+                            except my_errors.OperationalError as exc:
+                                # the server rolled back this statement (or transaction): running it again is exact
+                                if _code(exc) != _DEADLOCK or attempt == _DEADLOCK_ATTEMPTS - 1:
+                                    raise
+                        raise AssertionError("unreachable")  # pragma: no cover
+                    except asyncio.CancelledError:
+                        # our deadline or the caller's cancel: the connection is mid-protocol, drop it
+                        cut = connection.thread_id()
+                        connection.close()
+                        raise
+                    except BaseException as exc:
+                        if _broken(exc):
+                            connection.close()  # the pool connects anew
+                        raise
+                    finally:
+                        pool.release(connection)
+            except TimeoutError:
+                if cut is not None:  # the statement may still run (and hold locks) on the server: kill it
+                    self._kill_later(cut)
+                raise
 
     async def _query(self, sql: str, args: Sequence[Any] = ()) -> tuple[int, Sequence[Any]]:
         """One statement in autocommit: its affected-row count and its rows."""
         return await self._run(lambda connection: _execute(connection, sql, args))
 
-    def _kill_later(self, connection: Any) -> None:
-        """Close ``connection`` and kill its server thread (and statement) from a connection of its own."""
-        thread = connection.thread_id()
-        connection.close()
+    def _kill_later(self, thread: int) -> None:
+        """Kill server thread ``thread`` (and its statement) from a connection of its own, in the background."""
         task = asyncio.get_running_loop().create_task(self._kill(thread))
         self._killing.add(task)  # a strong reference until it is done
         task.add_done_callback(self._killing.discard)

@@ -1,0 +1,676 @@
+"""MariaDB/MySQL-specific tests: URLs, layout, long names, prepared statements, first use, privileges, faults.
+
+The shared suites run over the table's ``mysql`` row (tests/support/mysql.py); these tests pin
+what only this backend has. Fault tests run on a private server (MariaDBServer) that they
+stop, kill and start; the SIGKILL test runs a writer process on the row's server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import select
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import asyncmy
+import pytest
+
+import kvstores.backends.mysql as mysql_backend
+from kvstores import MAX_VALUE_BYTES, KVStoreError, StoreConnectionError, open_store
+from kvstores.backends.mysql import DEFAULT_TABLE, SCHEMA_VERSION, MySQLStore
+from tests.support import Unavailable, free_port, run_processes
+from tests.support.fixtures import assert_connection_errors, rows, skip_or_fail
+from tests.support.mysql import MariaDBServer, MySQLBackend, first_use, run_sql, table_name
+from tests.support.workers import newest_whole_batch
+
+pytestmark = [pytest.mark.anyio, pytest.mark.mysql]
+
+my = pytest.mark.parametrize("backend", rows("mysql"), indirect=True)
+"""Run a test on the table's MySQL row (the session's server and database)."""
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 1.0
+DRIVER_ERRORS = (OSError, asyncmy.MySQLError)
+
+
+def with_user(url: str, user: str, password: str) -> str:
+    """``url`` logging in as ``user``."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port}"))
+
+
+async def exercise(store: MySQLStore) -> None:
+    """Every operation once, checking the results (a store on an empty table)."""
+    await store.put("k", {"v": 1})
+    await store.put_many(["a", "b"], [{"v": "a"}, {"v": "b"}], collection="c", ttl=60)
+    assert await store.get("k") == {"v": 1}
+    assert await store.get_many(["a", "x", "b"], collection="c") == [{"v": "a"}, None, {"v": "b"}]
+    (value, remaining), *_ = await store.ttl_many(["a"], collection="c")
+    assert value == {"v": "a"} and remaining is not None and 55 < remaining <= 60
+    assert await store.ttl("k") == ({"v": 1}, None)
+    assert sorted(await store.keys("c")) == ["a", "b"]
+    assert await store.collections() == ["c", "default"]
+    assert await store.put_if_absent("k", {"v": 2}) is False
+    assert await store.put_if_absent("new", {"v": 2}) is True
+    assert await store.update("k", lambda old: {"v": old["v"] + 1} if old else None) == {"v": 2}
+    assert await store.update("k", lambda old: old) == {"v": 2}  # the same text: no row changes, still a success
+    assert await store.pop("new") == {"v": 2}
+    assert await store.delete("k") is True
+    assert await store.delete_many(["a", "a", "zz"], collection="c") == 1
+    await store.cull()
+    assert await store.destroy_collection("c") is True
+    await store.put("k", {"v": 3})
+    assert await store.destroy() is True
+    assert await store.collections() == []
+
+
+# -- URLs and options ----------------------------------------------------------------------
+
+
+def test_url_store_options_are_taken_out_and_the_rest_goes_to_asyncmy() -> None:
+    store = open_store(
+        "mysql://us%40er:se%3Acret@db.example:3307/app?ssl=true&ssl_ca=/ca.pem&table=app.kv&timeout=2.5"
+        "&max_connections=3&statement_cache_size=0&sweep_interval=9&default_collection=c&batching=off"
+        "&program_name=x"
+    )
+    assert isinstance(store, MySQLStore)
+    options = store._connect_options
+    assert (options["host"], options["port"], options["user"], options["password"], options["database"]) == (
+        "db.example",
+        3307,
+        "us@er",
+        "se:cret",
+        "app",
+    )
+    assert options["ssl"] == {"check_hostname": True, "ca": "/ca.pem"}
+    assert options["program_name"] == "x"
+    assert (options["maxsize"], options["stmt_cache_size"]) == (3, 0)
+    assert store.table == "`app`.`kv`"
+    assert store._timeout == 2.5
+    assert store._sweep_interval == 9
+    assert store.default_collection == "c"
+    assert store.batching is False
+    assert store.db_system == "mysql"
+    assert store._server_address() == ("db.example", 3307)
+    assert isinstance(open_store("mariadb://localhost/db"), MySQLStore)
+    assert open_store("mariadb://localhost/db?timeout=2", timeout=3)._timeout == 3  # type: ignore[attr-defined]
+    assert MySQLStore("mysql://localhost/db").table == f"`{DEFAULT_TABLE}`"
+    with pytest.raises(ValueError, match="unknown MySQL URL option 'charset'"):
+        open_store("mysql://localhost/db?charset=latin1")
+
+
+@pytest.mark.parametrize("table", ["", "1a", "a-b", "a`b", "a b", "a.b.c", ".a", "a.", "x" * 65, "kv;DROP", "é"])
+def test_table_must_be_an_identifier(table: str) -> None:
+    with pytest.raises(ValueError, match="table must be"):
+        MySQLStore("mysql://localhost/db", table=table)
+
+
+# -- layout ----------------------------------------------------------------------------------
+
+
+@my
+async def test_layout_digests_full_names_text_values_and_server_clock(backend: MySQLBackend, store: MySQLStore) -> None:
+    import hashlib
+
+    await store.put("k\x00ey", {"b": 2, "a": 1, "big": 2**80, "e": "\U0001f600"}, collection="c", ttl=100)
+    await store.put("plain", {"v": None})
+    sql = (
+        "SELECT collection_id, key_id, collection, `key`, value,"
+        f" TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM {store.table}"
+    )
+    (found,) = run_sql(backend.database_url, sql)
+    by_key = {bytes(row[3]): row for row in found}
+    assert set(by_key) == {b"k\x00ey", b"plain", b"schema_version"}
+    collection_id, key_id, collection, _, value, remaining = by_key[b"k\x00ey"]
+    assert (collection_id, key_id) == (hashlib.sha256(b"c").digest(), hashlib.sha256(b"k\x00ey").digest())
+    assert collection == b"c"
+    assert value == '{"b":2,"a":1,"big":1208925819614629174706176,"e":"\U0001f600"}'  # the codec's text
+    assert 99_000_000 < remaining <= 100_000_000  # the server's clock, not this process's
+    assert by_key[b"plain"][5] is None
+    assert by_key[b"schema_version"][2:5] == (b"", b"schema_version", str(SCHEMA_VERSION))
+    (indexes,) = run_sql(backend.database_url, f"SHOW INDEX FROM {store.table}")
+    assert {(row[2], row[4]) for row in indexes} == {
+        ("PRIMARY", "collection_id"),
+        ("PRIMARY", "key_id"),
+        ("expiry", "expires_at"),
+    }
+
+
+@my
+async def test_server_time_zone_does_not_move_expiry(backend: MySQLBackend, namespace: str) -> None:
+    east = await backend.open(namespace, init_command="SET time_zone = '+13:00'")
+    west = await backend.open(namespace, init_command="SET time_zone = '-12:00'")
+    try:
+        await east.put("k", {"v": 1}, ttl=30)
+        value, remaining = await west.ttl("k")
+        assert value == {"v": 1} and remaining is not None and 29 < remaining <= 30
+    finally:
+        await east.destroy()
+        await east.aclose()
+        await west.aclose()
+
+
+@my
+async def test_longest_multibyte_names_round_trip_and_stay_distinct(store: MySQLStore) -> None:
+    collection, key = "\U0001f600" * 1024, "\U0001f601" * 1024  # 4 KiB of UTF-8 each
+    near_collection, near_key = collection[:-1] + "\U0001f602", key[:-1] + "\U0001f603"
+    pairs = [(collection, key), (collection, near_key), (near_collection, key), (near_collection, near_key)]
+    for index, (c, k) in enumerate(pairs):
+        await store.put(k, {"i": index}, collection=c)
+    for index, (c, k) in enumerate(pairs):
+        assert await store.get(k, collection=c) == {"i": index}
+        assert await store.ttl(k, collection=c) == ({"i": index}, None)
+    assert await store.get_many([key, near_key], collection=collection) == [{"i": 0}, {"i": 1}]
+    assert await store.ttl_many([near_key], collection=near_collection) == [({"i": 3}, None)]
+    assert sorted(await store.keys(collection)) == sorted([key, near_key])
+    assert sorted(await store.collections()) == sorted([collection, near_collection])
+    await store.put_many([key, near_key], [{"m": 0}, {"m": 1}], collection=near_collection, ttl=60)
+    assert await store.get_many([near_key, key], collection=near_collection) == [{"m": 1}, {"m": 0}]
+    assert await store.put_if_absent(key, {"x": 1}, collection=collection) is False
+    assert await store.update(key, lambda old: {"i": old["i"] + 10} if old else None, collection=collection) == {
+        "i": 10
+    }
+    assert await store.pop(near_key, collection=collection) == {"i": 1}
+    assert await store.get(key, collection=collection) == {"i": 10}
+    assert await store.delete_many([key, near_key, key], collection=near_collection) == 2
+    assert await store.collections() == [collection]
+    assert await store.destroy_collection(collection) is True
+    assert await store.collections() == []
+
+
+@my
+async def test_case_and_normalization_stay_distinct(store: MySQLStore) -> None:
+    names = ["a", "A", "caf\u00e9", "cafe\u0301", "a ", "a\x00"]
+    await store.put_many(names, [{"i": i} for i in range(len(names))])
+    assert await store.get_many(names) == [{"i": i} for i in range(len(names))]
+    assert sorted(await store.keys()) == sorted(names)
+
+
+@my
+async def test_largest_value_round_trips(store: MySQLStore) -> None:
+    value = {"v": '"\\' * ((MAX_VALUE_BYTES - 64) // 4)}  # every character escaped: the worst case on the wire
+    await store.put("big", value)
+    assert await store.get("big") == value
+    await store.put_many(["big", "small"], [value, {"v": 1}])
+    assert await store.pop("big") == value
+
+
+@my
+async def test_expired_rows_are_reclaimed_by_the_sweep_and_by_cull(
+    backend: MySQLBackend, namespace: str, store: MySQLStore
+) -> None:
+    count = f"SELECT count(*) FROM {store.table} WHERE collection <> ''"
+    await store.put_many([f"e{i}" for i in range(20)], [{"i": i} for i in range(20)], ttl=0.05)
+    await store.put("stays", {"v": 1})
+    await anyio.sleep(0.1)
+    assert await store.get_many(["e0", "e19", "stays"]) == [None, None, {"v": 1}]  # invisible at once
+    assert await store.keys() == ["stays"]
+    assert run_sql(backend.database_url, count)[0][0][0] == 21  # not yet reclaimed (the sweep ran first)
+    await store.cull()
+    assert run_sql(backend.database_url, count)[0][0][0] == 1
+
+    sweeping = await backend.open(namespace, sweep_interval=0)  # every write sweeps
+    try:
+        await sweeping.put_many(["s1", "s2"], [{"v": 1}, {"v": 2}], ttl=0.05)
+        await anyio.sleep(0.1)
+        await sweeping.put("trigger", {"v": 1})
+        assert run_sql(backend.database_url, count)[0][0][0] == 2  # stays, trigger
+    finally:
+        await sweeping.aclose()
+
+
+@my
+async def test_an_expired_row_is_taken_over_never_resurrected(store: MySQLStore) -> None:
+    await store.put("k", {"v": "old"}, ttl=0.05)
+    await anyio.sleep(0.1)
+    assert await store.pop("k") is None
+    assert await store.delete("k") is False
+    await store.put("k", {"v": "old"}, ttl=0.05)
+    await anyio.sleep(0.1)
+    assert await store.update("k", lambda old: {"seen": old}) == {"seen": None}
+    assert await store.ttl("k") == ({"seen": None}, None)
+    await store.put("t", {"v": 1}, ttl=0.05)
+    await anyio.sleep(0.1)
+    assert await store.put_if_absent("t", {"v": 2}, ttl=30) is True
+    value, remaining = await store.ttl("t")
+    assert value == {"v": 2} and remaining is not None and 29 < remaining <= 30
+
+
+@my
+async def test_pop_without_returning_as_on_mysql(store: MySQLStore) -> None:
+    await store.get("k")  # ready: the server was found to be MariaDB
+    assert store._returning is True
+    store._returning = False  # MySQL's path: read, then compare-and-delete
+    await store.put("k", {"v": 1})
+    assert await store.pop("k") == {"v": 1}
+    assert await store.pop("k") is None
+    await store.put("n", {"n": 0})
+
+    async def popper() -> Any:
+        return await store.pop("n")
+
+    popped = await asyncio.gather(*(popper() for _ in range(10)))
+    assert popped.count({"n": 0}) == 1 and popped.count(None) == 9
+
+
+# -- prepared statements ---------------------------------------------------------------------
+
+
+async def _prepared_count(store: MySQLStore) -> int:
+    assert store.pool is not None
+    async with store.pool.acquire() as connection, connection.cursor() as cursor:
+        await cursor.execute("SHOW GLOBAL STATUS LIKE 'Prepared_stmt_count'")
+        ((_, count),) = await cursor.fetchall()
+        return int(count)
+
+
+@my
+@pytest.mark.parametrize(("cache", "prepared"), [(0, False), (100, True)])
+async def test_statement_cache_size(backend: MySQLBackend, namespace: str, cache: int, prepared: bool) -> None:
+    url, options = backend.url(namespace)
+    store = open_store(f"{url}?statement_cache_size={cache}&max_connections=1", **options)
+    assert isinstance(store, MySQLStore)
+    try:
+        await store.get("k")
+        before = await _prepared_count(store)
+        for _ in range(2):  # the second run reuses what the first prepared
+            await exercise(store)
+        assert (await _prepared_count(store) > before) is prepared
+        sizes = range(1, 70)  # bulk statements come in a few shapes (powers of two)
+        for size in sizes:
+            keys = [f"k{i}" for i in range(size)]
+            await store.put_many(keys, [{"i": i} for i in range(size)])
+            assert await store.get_many(keys) == [{"i": i} for i in range(size)]
+            assert await store.delete_many(keys) == size
+        if prepared:
+            assert await _prepared_count(store) - before < 40
+    finally:
+        await store.aclose()
+
+
+# -- schema: first use, privileges, versions -------------------------------------------------
+
+
+@my
+def test_concurrent_first_use_by_several_processes_creates_the_schema_once(
+    backend: MySQLBackend, namespace: str
+) -> None:
+    workers = 5
+    for round_ in range(3):
+        table = f"{table_name(namespace)[:40]}_{round_}"
+        outcomes = run_processes(first_use, [(backend.database_url, table, worker) for worker in range(workers)], 120)
+        assert outcomes == dict.fromkeys(range(workers)), outcomes
+        (counts,) = run_sql(
+            backend.database_url,
+            f"SELECT sum(collection = ''), sum(collection = 'default') FROM `{table}`",
+        )
+        assert tuple(int(n) for n in counts[0]) == (1, workers)
+        run_sql(backend.database_url, f"DROP TABLE `{table}`")
+
+
+@my
+async def test_least_privilege_user_with_rights_on_its_table_only(backend: MySQLBackend, namespace: str) -> None:
+    user, password = f"kv_lp_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
+    admin = backend.database_url
+    database = urlsplit(admin).path.lstrip("/")
+    table = f"{table_name(namespace)[:40]}_lp"
+    async with MySQLStore(admin, table=table) as creator:  # an admin creates it once...
+        await creator.get("k")
+    run_sql(
+        admin,
+        f"CREATE USER '{user}'@'%' IDENTIFIED BY '{password}'",  # ...and grants the four on it, nothing else
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{database}`.`{table}` TO '{user}'@'%'",
+    )
+    try:
+        as_user = with_user(admin, user, password)
+        async with MySQLStore(as_user, table=table) as store:
+            await exercise(store)
+            await store.put("k", {"v": 1}, ttl=0.01)
+            await anyio.sleep(0.05)
+            await store.cull()
+            assert await store.get("k") is None
+        for elsewhere in (f"{table}_other", "other"):
+            async with MySQLStore(as_user, table=elsewhere) as store:
+                with pytest.raises(KVStoreError, match="denied") as caught:
+                    await store.get("k")
+                assert isinstance(caught.value.__cause__, asyncmy.MySQLError)
+    finally:
+        run_sql(admin, f"DROP USER '{user}'@'%'", f"DROP TABLE `{table}`")
+
+
+@my
+async def test_destroy_deletes_only_its_own_rows(backend: MySQLBackend, namespace: str, store: MySQLStore) -> None:
+    neighbour = f"`{table_name(namespace)[:40]}_neighbour`"
+    run_sql(backend.database_url, f"CREATE TABLE {neighbour} (id int)", f"INSERT INTO {neighbour} VALUES (1), (2)")
+    other = await backend.open(namespace + "_other")
+    try:
+        await store.put_many(["a", "b"], [{"v": 1}, {"v": 2}], collection="c")
+        await store.put("expiring", {"v": 1}, ttl=0.01)
+        await other.put("a", {"v": "other"}, collection="c")
+        assert await store.destroy() is True
+        assert await store.destroy() is False
+        assert run_sql(backend.database_url, f"SELECT count(*) FROM {neighbour}")[0][0][0] == 2
+        assert await other.get("a", collection="c") == {"v": "other"}
+        version = f"SELECT value FROM {store.table}"
+        assert [row[0] for row in run_sql(backend.database_url, version)[0]] == [str(SCHEMA_VERSION)]
+        await store.put("again", {"v": 3})  # the table is still there
+        assert await store.get("again") == {"v": 3}
+    finally:
+        await other.destroy()
+        await other.aclose()
+        run_sql(backend.database_url, f"DROP TABLE {neighbour}")
+
+
+@my
+async def test_other_schema_version_or_foreign_table_is_a_clear_error(
+    backend: MySQLBackend, namespace: str, store: MySQLStore
+) -> None:
+    await store.put("k", {"v": 1})
+    set_version = f"UPDATE {store.table} SET value = %s WHERE collection = ''"
+    run_sql(backend.database_url, (set_version, ("2",)))
+    try:
+        later = await backend.open(namespace)
+        with pytest.raises(KVStoreError, match="schema version 2; this kvstores reads version 1"):
+            await later.get("k")
+        await later.aclose()
+    finally:
+        run_sql(backend.database_url, (set_version, (str(SCHEMA_VERSION),)))
+
+    foreign = f"{table_name(namespace)[:40]}_foreign"
+    run_sql(backend.database_url, f"CREATE TABLE `{foreign}` (id int)", f"INSERT INTO `{foreign}` VALUES (1)")
+    async with MySQLStore(backend.database_url, table=foreign) as alien:
+        with pytest.raises(KVStoreError) as caught:
+            await alien.destroy()
+        assert isinstance(caught.value.__cause__, asyncmy.MySQLError)
+    assert run_sql(backend.database_url, f"SELECT count(*) FROM `{foreign}`")[0][0][0] == 1
+    run_sql(backend.database_url, f"DROP TABLE `{foreign}`")
+
+
+# -- atomicity and locking -------------------------------------------------------------------
+
+
+@my
+async def test_put_many_over_several_statements_is_all_or_nothing(
+    store: MySQLStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mysql_backend, "_CHUNK", 10)  # 100 keys: ten statements in one transaction
+    keys = [f"k{i}" for i in range(100)]
+    await store.put_many(keys, [{"i": i} for i in range(100)])
+    assert await store.get_many(keys) == [{"i": i} for i in range(100)]
+    executed = 0
+    real = mysql_backend._execute
+
+    async def failing(connection: Any, sql: str, args: Any = ()) -> Any:
+        nonlocal executed
+        if sql.startswith("INSERT"):
+            executed += 1
+            if executed == 5:
+                raise asyncmy.OperationalError(1205, "Lock wait timeout exceeded (injected)")
+        return await real(connection, sql, args)
+
+    monkeypatch.setattr(mysql_backend, "_execute", failing)
+    with pytest.raises(StoreConnectionError):
+        await store.put_many(keys, [{"i": -i} for i in range(100)])
+    monkeypatch.setattr(mysql_backend, "_execute", real)
+    assert await store.get_many(keys) == [{"i": i} for i in range(100)]  # the four statements that ran: undone
+
+
+@my
+async def test_concurrent_overlapping_bulk_writes_never_deadlock(backend: MySQLBackend, namespace: str) -> None:
+    """Bulk writes lock their rows in one order (sorted by digest), so overlapping put_many and
+    delete_many calls from several pools queue instead of deadlocking."""
+    stores = [await backend.open(namespace, batching=False) for _ in range(3)]
+    keys = [f"k{i}" for i in range(40)]
+    try:
+
+        async def writer(store: MySQLStore, seed: int) -> None:
+            rng = random.Random(seed)
+            for _ in range(60):
+                chosen = rng.sample(keys, 20)
+                await store.put_many(chosen, [{"seed": seed}] * len(chosen))
+                await store.delete_many(rng.sample(keys, 5))
+
+        await asyncio.gather(*(writer(store, seed) for seed, store in enumerate(stores * 2)))
+    finally:
+        await stores[0].destroy()
+        for store in stores:
+            await store.aclose()
+
+
+# -- timeouts on the row's server ------------------------------------------------------------
+
+
+@my
+async def test_pool_exhausted_raises_connection_error_within_timeout(backend: MySQLBackend, namespace: str) -> None:
+    store = await backend.open(namespace, max_connections=1, timeout=0.5)
+    try:
+        await store.put("k", {"v": 1})
+        assert store.pool is not None
+        async with store.pool.acquire():  # someone holds the only connection
+            started = time.monotonic()
+            with pytest.raises(StoreConnectionError) as caught:
+                await store.get("k")
+            assert time.monotonic() - started < 0.5 + 1.5
+            assert isinstance(caught.value.__cause__, TimeoutError)
+        assert await store.get("k") == {"v": 1}
+    finally:
+        await store.destroy()
+        await store.aclose()
+
+
+@my
+async def test_statement_blocked_by_a_lock_times_out_and_is_killed(backend: MySQLBackend, namespace: str) -> None:
+    client_side = await backend.open(namespace, timeout=0.5)
+    server_side = await backend.open(namespace, timeout=5, init_command="SET SESSION innodb_lock_wait_timeout = 1")
+    locker = await asyncmy.connect(**mysql_connect(backend.database_url))
+    try:
+        await client_side.put("k", {"v": 1})
+        assert await server_side.get("k") == {"v": 1}
+        await locker.begin()
+        async with locker.cursor() as cursor:
+            await cursor.execute(f"SELECT value FROM {client_side.table} WHERE `key` = 'k' FOR UPDATE")
+        for store, within, cause in [
+            (client_side, 0.5, TimeoutError),  # the store's own deadline
+            (server_side, 1.0, asyncmy.OperationalError),  # the server's innodb_lock_wait_timeout
+        ]:
+            started = time.monotonic()
+            with pytest.raises(StoreConnectionError) as caught:
+                await store.put("k", {"v": 2})
+            assert time.monotonic() - started < within + 1.5
+            assert isinstance(caught.value.__cause__, cause)
+        for _ in range(100):  # the timed-out statement is killed (the other one timed out on the server)
+            if not await _waiting_on_locks(backend):
+                break
+            await anyio.sleep(0.05)
+        assert not await _waiting_on_locks(backend)
+        await locker.rollback()
+        assert await client_side.get("k") == {"v": 1}
+        assert await server_side.pop("k") == {"v": 1}
+    finally:
+        locker.close()
+        await client_side.destroy()
+        await client_side.aclose()
+        await server_side.aclose()
+
+
+def mysql_connect(url: str) -> dict[str, Any]:
+    from tests.support.mysql import connect_options
+
+    return connect_options(url)
+
+
+async def _waiting_on_locks(backend: MySQLBackend) -> bool:
+    sql = "SELECT count(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'INSERT INTO%%' AND COMMAND = 'Query'"
+    (found,) = await anyio.to_thread.run_sync(run_sql, backend.database_url, sql)
+    return bool(found[0][0])
+
+
+async def test_nothing_listening_raises_connection_error_within_timeout() -> None:
+    async with MySQLStore(f"mysql://root@127.0.0.1:{free_port()}/db", timeout=TIMEOUT) as store:
+        operations: list[Callable[[], Awaitable[Any]]] = [lambda: store.get("k"), lambda: store.put("k", {"v": 1})]
+        await assert_connection_errors(operations, TIMEOUT + 1, DRIVER_ERRORS)
+
+
+# -- faults on a private server --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def private_server() -> Iterator[MariaDBServer]:
+    """A MariaDB server of this module's own (installed once), running at the start of each test."""
+    try:
+        server = MariaDBServer()
+    except Unavailable as exc:
+        skip_or_fail("mysql", f"no private MariaDB server: {exc}")
+    try:
+        server.init()
+        server.start()
+    except Unavailable as exc:
+        server.remove()
+        skip_or_fail("mysql", f"no private MariaDB server: {exc}")
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+async def fault_store(private_server: MariaDBServer) -> AsyncIterator[MySQLStore]:
+    """A store on the private server whose calls time out after TIMEOUT seconds."""
+    if not private_server.running:
+        await anyio.to_thread.run_sync(private_server.start)
+    store = MySQLStore(private_server.url, timeout=TIMEOUT, table=f"t{uuid.uuid4().hex[:12]}")
+    yield store
+    await store.aclose()
+
+
+async def _until_back(store: MySQLStore, key: str) -> Any:
+    """``store.get(key)`` once the server answers again (at most 30 s)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return await store.get(key)
+        except StoreConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            await anyio.sleep(0.1)
+
+
+async def test_server_stopped_mid_run_then_restarted(private_server: MariaDBServer, fault_store: MySQLStore) -> None:
+    store = fault_store
+    keys = [f"k{i}" for i in range(100)]
+    await store.put_many(keys, [{"i": i} for i in range(100)])
+    seen: list[BaseException] = []
+    stopping = asyncio.Event()
+
+    async def load(worker: int) -> None:
+        for n in range(100_000):  # bounded: the test sets ``stopping`` within seconds
+            if stopping.is_set():
+                return
+            try:
+                if n % 2:
+                    await store.get(keys[(worker + n) % 100])
+                else:
+                    await store.put(f"load{worker}", {"n": n})
+            except StoreConnectionError as exc:
+                seen.append(exc)
+                await anyio.sleep(0.01)
+
+    loaders = [asyncio.create_task(load(worker)) for worker in range(4)]
+    await anyio.sleep(0.3)
+    await anyio.to_thread.run_sync(private_server.stop)  # clients disconnected mid-call
+    operations: list[Callable[[], Awaitable[Any]]] = [
+        lambda: store.get("k1"),
+        lambda: store.put("k1", {"i": -1}),
+        lambda: store.get_many(keys),
+        lambda: store.put_many(keys[:2], [{}, {}]),
+        lambda: store.pop("k3"),
+        lambda: store.update("k4", lambda old: old),
+        lambda: store.keys(),
+    ]
+    await assert_connection_errors(operations, TIMEOUT + 3, DRIVER_ERRORS)
+    stopping.set()
+    await asyncio.gather(*loaders)  # any other exception in a loader fails the test here
+    assert seen and all(isinstance(exc.__cause__, DRIVER_ERRORS) for exc in seen)
+
+    await anyio.to_thread.run_sync(private_server.start)
+    assert await _until_back(store, "k2") == {"i": 2}  # the same store object
+    await store.put("k1", {"i": 1})
+    assert await store.get_many(keys[:5]) == [{"i": i} for i in range(5)]
+    assert await store.pop("k3") == {"i": 3}
+    assert await store.update("k4", lambda old: {"i": old["i"] * 10} if old else None) == {"i": 40}
+
+
+async def test_server_killed_then_restarted(private_server: MariaDBServer, fault_store: MySQLStore) -> None:
+    store = fault_store
+    await store.put("k", {"v": 1})
+    await anyio.to_thread.run_sync(private_server.kill)
+    await assert_connection_errors([lambda: store.get("k")], TIMEOUT + 3, DRIVER_ERRORS)
+    await anyio.to_thread.run_sync(private_server.start)
+    assert await _until_back(store, "k") == {"v": 1}  # committed before the crash: recovered
+
+
+async def test_store_made_while_the_server_is_down_works_once_it_is_up(private_server: MariaDBServer) -> None:
+    await anyio.to_thread.run_sync(private_server.stop)
+    store = MySQLStore(private_server.url, timeout=TIMEOUT, table="late")
+    try:
+        await assert_connection_errors([lambda: store.put("k", {"v": 1})], TIMEOUT + 3, DRIVER_ERRORS)
+        await anyio.to_thread.run_sync(private_server.start)
+        assert await _until_back(store, "k") is None
+        await store.put("k", {"v": 1})
+        assert await store.get("k") == {"v": 1}
+    finally:
+        await store.aclose()
+
+
+# -- a writer killed with SIGKILL ------------------------------------------------------------
+
+KILLS = 8
+
+
+def _batches(url: str, table: str) -> dict[str, dict[str, int]]:
+    """The ``batches`` collection as key -> value ({} before the table exists)."""
+    try:
+        (found,) = run_sql(url, f"SELECT `key`, value FROM `{table}` WHERE collection = 'batches'")
+    except asyncmy.ProgrammingError:  # no table yet
+        return {}
+    return {bytes(key).decode(): json.loads(value) for key, value in found}
+
+
+@my
+def test_sigkilled_writer_never_leaves_a_partial_put_many(backend: MySQLBackend, namespace: str) -> None:
+    url, options = backend.url(namespace)
+    table = options["table"]
+    seed = int.from_bytes(os.urandom(4), "big")
+    rng = random.Random(seed)
+    newest, writes_interrupted = -1, 0
+    for kill in range(KILLS):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.mysql", "crash", url, table, str(newest + 1)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        first = ""
+        if kill % 2:  # let it write, then kill it mid-loop
+            ready, _, _ = select.select([child.stdout], [], [], 30)
+            first = child.stdout.readline() if ready else ""
+            time.sleep(rng.uniform(0, 0.05))
+        else:  # anywhere from start-up (creating the table) to writing
+            time.sleep(rng.uniform(0, 0.6))
+        child.kill()
+        output = first + child.communicate(timeout=30)[0]
+        assert child.returncode == -9, f"seed {seed}, kill {kill}: child exited with {child.returncode}: {output}"
+        acknowledged = [int(line) for line in output.split("\n")[:-1]]
+        writes_interrupted += bool(acknowledged)
+        newest = max(newest, newest_whole_batch(_batches(backend.database_url, table)))
+        assert max(acknowledged, default=-1) <= newest, f"seed {seed}, kill {kill}: an acknowledged batch was lost"
+    assert writes_interrupted >= KILLS // 2, "too few kills interrupted a writing child to test anything"
