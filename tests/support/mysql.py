@@ -145,7 +145,11 @@ class MariaDBServer:
         self._user: list[str] = []
         if os.geteuid() == 0:  # the server refuses to run as root: it runs as mysql, which owns the folder
             self._user = ["--user=mysql"]
-            shutil.chown(self.folder, "mysql", "mysql")
+            try:
+                shutil.chown(self.folder, "mysql", "mysql")
+            except LookupError as exc:
+                shutil.rmtree(self.folder, ignore_errors=True)
+                raise Unavailable("no mysql user to run the server as (Debian's mariadb-server makes it)") from exc
         init = self.folder / "init.sql"  # run at every start: root over TCP, and a database to connect to
         init.write_text(
             "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1';\n"
