@@ -450,6 +450,7 @@ class MySQLStore(BaseStore):
     async def _ready(self) -> asyncmy.Pool:
         """The pool, created on first use, with the table created and its version checked (run by _run)."""
         async with self._opening:
+            self._check_open()  # nothing reopens after aclose()
             if self._ready_pool is None:
                 if self.pool is None:
                     self.pool = await asyncmy.create_pool(**self._connect_options)
@@ -515,7 +516,11 @@ class MySQLStore(BaseStore):
             try:
                 async with _deadline(self._timeout):  # first use included: waiting for another opener too
                     pool = self._ready_pool or await self._ready()
-                    connection = await pool.acquire()
+                    try:
+                        connection = await pool.acquire()
+                    except RuntimeError:  # asyncmy's pool is closing: aclose() ran meanwhile
+                        self._check_open()
+                        raise
                     try:
                         for attempt in range(_DEADLOCK_ATTEMPTS):
                             try:
