@@ -50,11 +50,15 @@ lost when it dies (SECURITY.md gives the measured window).
 A connection refused or reset is retried twice with a short backoff, so a restarted server
 is picked up by the same store object; timeouts are not retried. Commands that must run at
 most once are never retried once they may have been sent (pop's GETDEL, put_if_absent's
-SET NX, update's compare-and-set, DEL): the first attempt may have run before its reply was
-lost, and a second would answer wrongly (None for the value the first GETDEL removed, False
-for the value the first SET NX stored) or apply ``update``'s function twice. Such a call
-raises StoreConnectionError instead, and its outcome is unknown. A client you pass in keeps
-its own retry policy (redis-py's default retries every command, these included).
+SET NX, update's compare-and-set, and the one DEL of ``delete`` and of a ``delete_many`` of
+up to 1,000 keys): the first attempt may have run before its reply was lost, and a second
+would answer wrongly (None for the value the first GETDEL removed, False for the value the
+first SET NX stored) or apply ``update``'s function twice. Such a call raises
+StoreConnectionError instead, and its outcome is unknown. The pipelined DELs of a larger
+``delete_many`` and the DELs of ``destroy_collection`` and ``destroy`` do run under the retry
+policy: the keys end up deleted either way, but a retried DEL can under-count (0, or False from
+``destroy_collection``, for keys its lost first attempt removed). A client you pass in keeps its own retry policy
+(redis-py's default retries every command, these included).
 """
 
 from __future__ import annotations
