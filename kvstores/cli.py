@@ -1,5 +1,5 @@
 """The kvstores command: run the demo, check a store against the conformance suites, benchmark,
-look at and move a store's entries.
+probe a store, look at and move a store's entries.
 
 ``kvstores demo [--store URL]`` shows FastMCP session state on a persistent store:
 isolation, expiry and persistence across a server restart (see kvstores.demo); without
@@ -13,6 +13,8 @@ with why and the capability it needs, and what was skipped and why. It exits 0 o
 nothing failed, 2 when the target or an extra is missing. The target's data is destroyed by
 the checks: use a scratch database.
 
+``kvstores ping [TARGET]`` is a readiness probe: it exits 0 when the store (TARGET, or
+``$KVSTORES_URL``) answered, 1 when it is unreachable, 2 when the target is bad.
 ``kvstores ls | get | put | delete | copy`` are the operator's commands (see kvstores._operator).
 """
 
