@@ -9,9 +9,16 @@ The package::
     local.py             memory and SQLite entries
     redis.py             the machine's Redis, a 3-master Cluster; RedisServer: a redis-server of a test's own
     mongodb.py           MongoDB (KVSTORES_MONGODB_URL) or a SecantusDB server, by pymongo and by motor
+    postgresql.py        the machine's PostgreSQL, and private servers the fault tests stop and start
+    faults.py            a fault-injecting TCP proxy on loopback (tests/test_faults.py)
     events.py            MCP servers, raw SSE and a failing store for the event-store tests
+    sessions.py          durable-session tests: FastMCP servers in child processes, a client that picks one
+    fastmcp_slots.py     FastMCP's store slots: a fake IdP, a scripted OAuth browser, loopback servers
     examples.py          the persistent_state example scripts run as processes
+    check_targets.py     factories ``kvstores check`` is pointed at (tests/test_check.py)
+    cli_targets.py       py-key-value stores as ``kvstores`` CLI targets
     workers.py           child processes of the crash and multi-process tests
+    atomic_workers.py    child processes of the several-processes atomic-operations tests
     hypothesis_profiles.py  the "ci" (default) and "long" hypothesis profiles
 
 This module imports neither pytest nor a driver: the child processes of workers.py import it
