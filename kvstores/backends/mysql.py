@@ -721,12 +721,13 @@ class MySQLStore(BaseStore):
         if text is None:
             count, _ = await self._query(self._sql.delete_if, (*row, expected))
             return count > 0
-        count, _ = await self._query(self._sql.replace_if, (text, _micros(ttl), *row, expected))
-        if count == 0 and text == expected and ttl is None:
-            # MySQL counts changed rows, not matched ones: writing the same text with no expiry over an
-            # entry without one changes nothing, so ask whether that is what the entry is
+        if text == expected and ttl is None:
+            # MySQL counts changed rows, not matched ones, so writing the same text with no expiry over an
+            # entry without one would count 0: that write changes nothing, and it is done while the entry is so
             _, rows = await self._query(self._sql.unchanged, (*row, expected))
-            return bool(rows[0][0])
+            if rows[0][0]:
+                return True
+        count, _ = await self._query(self._sql.replace_if, (text, _micros(ttl), *row, expected))
         return count > 0
 
     async def _pop(self, collection: str, key: str) -> str | None:
