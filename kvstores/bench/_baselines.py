@@ -28,6 +28,10 @@ postgresql    ``asyncpg``         a pool: fetchval / fetchrow / execute; ``= ANY
                                   ``unnest`` for bulk calls; INSERT ... ON CONFLICT, DELETE ...
                                   RETURNING, UPDATE ... WHERE value = the value read; expiry from
                                   the database clock
+mysql         ``asyncmy``         a pool, prepared statements cached: one cursor.execute per call;
+                                  ``IN (...)`` and one multi-row INSERT ... ON DUPLICATE KEY UPDATE
+                                  for bulk calls; DELETE ... RETURNING (MariaDB), UPDATE ... WHERE
+                                  value = the value read; expiry from the server clock
 ============  ==================  ===================================================================
 
 py-key-value-aio's store on the same backend (``py-key-value``) is the second baseline where
@@ -43,13 +47,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 __all__ = ["RAW_BASELINES", "baselines", "family", "raw_name"]
 
 _RAW_NAME = "kvbench_raw"  # table, key prefix or MongoDB collection of the raw baselines
 _REDIS_POOL_SIZE = 50  # RedisStore's default max_connections
 _POSTGRESQL_POOL_SIZE = 10  # asyncpg's default max_size
+_MYSQL_POOL_SIZE = 10  # MySQLStore's default max_connections (asyncmy's default maxsize)
 _LIBPQ_OPTIONS = frozenset({"sslmode", "sslcert", "sslkey", "sslrootcert", "sslpassword", "passfile"})
 """Query options a kvstores PostgreSQL URL may carry that asyncpg understands (the others are kvstores')."""
 
@@ -709,6 +714,175 @@ class AsyncpgStore:
             await self._pool.close()
 
 
+class AsyncmyStore:
+    """Raw asyncmy (MariaDB/MySQL): one statement per call on a pool, ``IN (...)`` and multi-row VALUES for
+    bulk calls, expiry by the server clock; prepared statements cached as the store's are (128 a connection)."""
+
+    _LIVE = "(expires_at IS NULL OR expires_at > UTC_TIMESTAMP(6))"
+    _EXPIRES = "UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND"
+    _UPSERT = " ON DUPLICATE KEY UPDATE value = VALUES(value), expires_at = VALUES(expires_at)"
+    _CLAIM = (  # insert, or take over an expired entry; 0 rows changed when a live entry stays
+        f"INSERT INTO {_RAW_NAME} VALUES (%s, %s, %s, {_EXPIRES}) ON DUPLICATE KEY UPDATE"
+        " value = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(value), value),"
+        " expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
+    )
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self._options: dict[str, Any] = {
+            "host": parts.hostname or "localhost",
+            "port": parts.port or 3306,
+            "user": unquote(parts.username or "") or None,
+            "password": unquote(parts.password or ""),
+            "database": unquote(parts.path.lstrip("/")) or None,
+            "autocommit": True,
+            "charset": "utf8mb4",
+            "stmt_cache_size": 128,
+            "minsize": 1,
+            "maxsize": _MYSQL_POOL_SIZE,
+        }
+        self._pool: Any = None
+        self._opening = asyncio.Lock()
+
+    async def _connection(self) -> Any:
+        async with self._opening:
+            if self._pool is None:
+                import asyncmy
+
+                pool = await asyncmy.create_pool(**self._options)
+                async with pool.acquire() as connection, connection.cursor() as cursor:
+                    await cursor.execute(
+                        f"CREATE TABLE IF NOT EXISTS {_RAW_NAME} (collection VARBINARY(255) NOT NULL,"
+                        " `key` VARBINARY(255) NOT NULL, value LONGTEXT CHARACTER SET utf8mb4 NOT NULL,"
+                        " expires_at DATETIME(6) NULL, PRIMARY KEY (collection, `key`)) ENGINE=InnoDB"
+                    )
+                self._pool = pool
+        return self._pool
+
+    async def _run(self, sql: str, args: Sequence[Any]) -> tuple[int, Sequence[Any]]:
+        pool = self._pool or await self._connection()
+        async with pool.acquire() as connection, connection.cursor() as cursor:
+            count: int = await cursor.execute(sql, args)
+            return count, await cursor.fetchall() if cursor.description else ()
+
+    @staticmethod
+    def _micros(ttl: float | None) -> int | None:
+        return None if ttl is None else round(ttl * 1_000_000)
+
+    async def get(self, key: str, *, collection: str | None = None) -> Value | None:
+        """The value of ``key``, or None."""
+        _, rows = await self._run(
+            f"SELECT value FROM {_RAW_NAME} WHERE collection = %s AND `key` = %s AND {self._LIVE}", (collection, key)
+        )
+        return json.loads(rows[0][0]) if rows else None
+
+    async def ttl(self, key: str, *, collection: str | None = None) -> tuple[Value | None, float | None]:
+        """The value and remaining seconds of ``key``."""
+        _, rows = await self._run(
+            f"SELECT value, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM {_RAW_NAME}"
+            f" WHERE collection = %s AND `key` = %s AND {self._LIVE}",
+            (collection, key),
+        )
+        if not rows:
+            return None, None
+        return json.loads(rows[0][0]), None if rows[0][1] is None else rows[0][1] / 1e6
+
+    async def put(
+        self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: float | None = None
+    ) -> None:
+        """Store ``value`` (one upserting INSERT)."""
+        await self._run(
+            f"INSERT INTO {_RAW_NAME} VALUES (%s, %s, %s, {self._EXPIRES}){self._UPSERT}",
+            (collection, key, json.dumps(value), self._micros(ttl)),
+        )
+
+    async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[Value | None]:
+        """The values of ``keys`` (one SELECT ... IN)."""
+        _, rows = await self._run(
+            f"SELECT `key`, value FROM {_RAW_NAME} WHERE collection = %s AND `key` IN ({', '.join(['%s'] * len(keys))})"
+            f" AND {self._LIVE}",
+            (collection, *keys),
+        )
+        found = {key.decode(): value for key, value in rows}
+        return [json.loads(found[key]) if key in found else None for key in keys]
+
+    async def put_many(
+        self,
+        keys: Sequence[str],
+        values: Sequence[Mapping[str, Any]],
+        *,
+        collection: str | None = None,
+        ttl: float | None = None,
+    ) -> None:
+        """Store each value under its key (one multi-row INSERT: one statement)."""
+        micros = self._micros(ttl)
+        args: list[Any] = []
+        for key, value in zip(keys, values):
+            args += (collection, key, json.dumps(value), micros)
+        rows = ", ".join([f"(%s, %s, %s, {self._EXPIRES})"] * len(keys))
+        await self._run(f"INSERT INTO {_RAW_NAME} VALUES {rows}{self._UPSERT}", args)
+
+    async def delete_many(self, keys: Sequence[str], *, collection: str | None = None) -> int:
+        """Delete ``keys`` (one DELETE ... IN); return how many existed."""
+        count, _ = await self._run(
+            f"DELETE FROM {_RAW_NAME} WHERE collection = %s AND `key` IN ({', '.join(['%s'] * len(keys))})"
+            f" AND {self._LIVE}",
+            (collection, *keys),
+        )
+        return count
+
+    async def put_if_absent(
+        self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: float | None = None
+    ) -> bool:
+        """Store ``value`` unless ``key`` holds a live entry (INSERT ... ON DUPLICATE KEY UPDATE); True if stored."""
+        count, _ = await self._run(self._CLAIM, (collection, key, json.dumps(value), self._micros(ttl)))
+        return count > 0
+
+    async def pop(self, key: str, *, collection: str | None = None) -> Value | None:
+        """Delete ``key`` and return its value, or None (MariaDB's DELETE ... RETURNING)."""
+        _, rows = await self._run(
+            f"DELETE FROM {_RAW_NAME} WHERE collection = %s AND `key` = %s AND {self._LIVE} RETURNING value",
+            (collection, key),
+        )
+        return json.loads(rows[0][0]) if rows else None
+
+    async def update(
+        self, key: str, fn: Update, *, collection: str | None = None, ttl: float | None = None
+    ) -> Value | None:
+        """SELECT, apply ``fn``, then UPDATE ... WHERE value = the text read; retry on conflict."""
+        while True:
+            _, rows = await self._run(
+                f"SELECT value FROM {_RAW_NAME} WHERE collection = %s AND `key` = %s AND {self._LIVE}",
+                (collection, key),
+            )
+            old = rows[0][0] if rows else None
+            new = fn(None if old is None else json.loads(old))
+            text = None if new is None else json.dumps(new)
+            if old is None:
+                written = (
+                    text is None or (await self._run(self._CLAIM, (collection, key, text, self._micros(ttl))))[0] > 0
+                )
+            elif text is None:
+                sql = f"DELETE FROM {_RAW_NAME} WHERE collection = %s AND `key` = %s AND value = %s"
+                written = (await self._run(sql, (collection, key, old)))[0] > 0
+            else:
+                sql = (
+                    f"UPDATE {_RAW_NAME} SET value = %s, expires_at = {self._EXPIRES}"
+                    f" WHERE collection = %s AND `key` = %s AND value = %s AND {self._LIVE}"
+                )
+                changed = (await self._run(sql, (text, self._micros(ttl), collection, key, old)))[0]
+                written = changed > 0 or (text == old and ttl is None)  # MySQL counts changed rows only
+            if written:
+                return None if new is None else dict(new)
+
+    async def aclose(self) -> None:
+        """Drop the baseline's table and close the pool."""
+        if self._pool is not None:
+            await self._run(f"DROP TABLE IF EXISTS {_RAW_NAME}", ())
+            self._pool.close()
+            await self._pool.wait_closed()
+
+
 def _aiosqlite(url: str, store: Any) -> AiosqliteStore | None:
     path = getattr(store, "path", None)
     if path is None:
@@ -722,6 +896,7 @@ RAW_BASELINES: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "redis": ("redis.asyncio", lambda url, store: RedisAsyncStore(url)),
     "mongodb": ("pymongo", lambda url, store: PymongoStore(url)),
     "postgresql": ("asyncpg", lambda url, store: AsyncpgStore(url)),
+    "mysql": ("asyncmy", lambda url, store: AsyncmyStore(url)),
 }
 """Backend family -> (name, factory of the raw baseline from the store URL and the store under
 test); the SQLite baseline writes a file beside the store's."""

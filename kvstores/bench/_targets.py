@@ -85,6 +85,7 @@ _BATCHING_MINIMUMS = (
     ("sqlite", 0.8, 2.0, 3.0),
     ("mongodb", 0.85, 1.5, 1.5),
     ("postgresql", 0.85, 2.0, 2.0),
+    ("mysql", 0.85, 2.0, 2.0),
 )
 """Opportunistic batching: (backend, 1 caller get/put, 64 callers get, 64 callers put) minimum ratios."""
 
