@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from kvstores._urls import redact, redact_text
 from kvstores.base import BaseStore, chunks
 from kvstores.conformance.targets import TargetError, close, is_url, resolve
 from kvstores.registry import URL_VARIABLE, open_store
@@ -101,7 +102,7 @@ def _missing_sqlite_file(spec: str) -> str | None:
 async def _open(spec: str, *, reading: bool) -> Any:
     """A store from TARGET ``spec``, or _Failed (exit 2) saying in one line why not."""
     if reading and (path := _missing_sqlite_file(spec)) is not None:
-        raise _Failed(f"{spec}: no such SQLite file {path!r}", 2)
+        raise _Failed(f"{redact(spec)}: no such SQLite file {path!r}", 2)
     try:
         target = await resolve(spec)
         return await target.open()
@@ -111,7 +112,7 @@ async def _open(spec: str, *, reading: bool) -> Any:
 
 def _require(store: Any, capability: str, spec: str, why: str) -> None:
     if not callable(getattr(store, capability, None)):
-        raise _Failed(f"{spec}: the store has no {capability}(), {why}", 2)
+        raise _Failed(f"{redact(spec)}: the store has no {capability}(), {why}", 2)
 
 
 def _name(text: str) -> str:
@@ -222,7 +223,7 @@ async def _ping(options: argparse.Namespace) -> int:
             await store.ping()
     finally:
         await close(store)
-    print(f"{spec}: ok ({(time.monotonic() - started) * 1000:.1f} ms)")
+    print(f"{redact(spec)}: ok ({(time.monotonic() - started) * 1000:.1f} ms)")
     return 0
 
 
@@ -454,7 +455,7 @@ async def _copy(options: argparse.Namespace) -> int:
         await close(source)
         await close(dest)
     for failure in copy.tally.failures[:_FAILURES_SHOWN]:
-        print(f"kvstores copy: not copied: {failure}", file=sys.stderr)
+        print(f"kvstores copy: not copied: {redact_text(failure, source_spec, dest_spec)}", file=sys.stderr)
     if len(copy.tally.failures) > _FAILURES_SHOWN:
         print(f"kvstores copy: ... and {len(copy.tally.failures) - _FAILURES_SHOWN} more", file=sys.stderr)
     print(copy.tally.summary(options.dry_run) + (" before it stopped" if stopped else ""))
@@ -587,20 +588,26 @@ def run(options: argparse.Namespace) -> int:
     try:
         return int(asyncio.run(COMMANDS[options.command].run(options)))
     except _Failed as exc:
-        _complain(options.command, str(exc))
+        _complain(options, str(exc))
         return exc.code
     except ImportError as exc:  # a missing extra (rich, a driver): the message names it
-        _complain(options.command, str(exc))
+        _complain(options, str(exc))
         return 2
     except Exception as exc:
-        _complain(options.command, _line(exc))
+        _complain(options, _line(exc))
         return 1
     except KeyboardInterrupt:
-        _complain(options.command, "interrupted")
+        _complain(options, "interrupted")
         return 130
 
 
-def _complain(command: str, message: str) -> None:
-    """Print ``message`` as one line of at most :data:`_LINE` characters (drivers' messages run long)."""
-    line = " ".join(message.split())
-    print(f"kvstores {command}: {line if len(line) <= _LINE else line[: _LINE - 3] + '...'}", file=sys.stderr)
+def _urls(options: argparse.Namespace) -> list[str]:
+    """Every store URL the command was given, $KVSTORES_URL included: the secrets to keep out of messages."""
+    given = [*getattr(options, "arguments", ()), getattr(options, "target", ""), os.environ.get(URL_VARIABLE, "")]
+    return [argument for argument in given if is_url(argument)]
+
+
+def _complain(options: argparse.Namespace, message: str) -> None:
+    """Print ``message``, without secrets, as one line of at most :data:`_LINE` characters (drivers' run long)."""
+    line = " ".join(redact_text(message, *_urls(options)).split())
+    print(f"kvstores {options.command}: {line if len(line) <= _LINE else line[: _LINE - 3] + '...'}", file=sys.stderr)

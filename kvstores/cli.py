@@ -26,9 +26,11 @@ import importlib
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from kvstores import _operator
 from kvstores._optional import missing_extra
+from kvstores._urls import redact_text
 from kvstores.registry import URL_VARIABLE
 
 __all__ = ["SUITES", "main"]
@@ -68,7 +70,7 @@ def check(target: str, suite: str, *, verbose: bool = False, json_file: Path | N
     try:
         resolved = asyncio.run(resolve(target, event_stores=suite == "events"))
     except TargetError as exc:
-        print(f"kvstores check: {exc}", file=sys.stderr)
+        print(f"kvstores check: {redact_text(str(exc), target)}", file=sys.stderr)
         return 2
     return run(resolved, suite, verbose=verbose, json_file=json_file)
 
@@ -80,9 +82,17 @@ def _demo_arguments(args: list[str]) -> list[str]:
     return args if named or not url else ["--store", url, *args]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with any URL in its error messages redacted ("unrecognized arguments: redis://...")."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print the usage and ``message`` without secrets; exit 2."""
+        super().error(redact_text(message))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kvstores`` console script."""
-    parser = argparse.ArgumentParser(prog="kvstores", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = _Parser(prog="kvstores", description=__doc__.split("\n\n")[0] if __doc__ else None)
     commands = parser.add_subparsers(dest="command", required=True)
     check_parser = commands.add_parser(
         "check",
@@ -108,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return bench.main(args[1:])
     except ImportError as exc:  # a missing extra: the message names it
-        print(f"kvstores {args[0]}: {exc}", file=sys.stderr)
+        print(f"kvstores {args[0]}: {redact_text(str(exc))}", file=sys.stderr)
         return 2
     options = parser.parse_args(args)
     if options.command in _operator.COMMANDS:

@@ -13,6 +13,7 @@ from importlib.metadata import entry_points
 from typing import Any, cast
 from urllib.parse import urlsplit
 
+from kvstores._urls import redact
 from kvstores.base import BaseStore
 
 __all__ = ["ENTRY_POINT_GROUP", "SCHEMES", "URL_VARIABLE", "open_store"]
@@ -67,7 +68,7 @@ def open_store(url: str | None = None, **options: Any) -> BaseStore:
             raise ValueError(f"open_store() was given no URL and ${URL_VARIABLE} is not set")
     scheme = urlsplit(url).scheme.lower()
     if not scheme:
-        raise ValueError(f"{url!r} is not a store URL (expected e.g. memory://, sqlite:///file.db)")
+        raise ValueError(f"{redact(url)!r} is not a store URL (expected e.g. memory://, sqlite:///file.db)")
     module_name, _, class_name = _target(scheme).partition(":")
     module = importlib.import_module(module_name)
     return cast(BaseStore, getattr(module, class_name).from_url(url, **options))

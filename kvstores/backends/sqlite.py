@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from kvstores._optional import missing_extra
-from kvstores._urls import split_url_options
+from kvstores._urls import redact, split_url_options
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
 from kvstores.errors import KVStoreError, StoreConnectionError
 
@@ -232,11 +232,13 @@ class SQLiteStore(BaseStore):
         if parts.netloc == ":memory:" or parts.path in ("/:memory:", ""):
             path = ":memory:"
         elif parts.netloc:
-            raise ValueError(f"{url!r}: use sqlite:///relative.db or sqlite:////absolute/path.db")
+            raise ValueError(f"{redact(url)!r}: use sqlite:///relative.db or sqlite:////absolute/path.db")
         else:
             path = unquote(parts.path[1:])
         if parts.query:
-            raise ValueError(f"{url!r}: unknown options; SQLite URLs take {', '.join(_QUERY_OPTIONS)}, batching")
+            raise ValueError(
+                f"{redact(url)!r}: unknown options; SQLite URLs take {', '.join(_QUERY_OPTIONS)}, batching"
+            )
         return cls(path, **{**query, **options})
 
     # -- running work on the connection's thread -----------------------------------

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstores._optional import missing_extra
+from kvstores._urls import redact, redact_text
 from kvstores.bench._measure import Settings
 from kvstores.bench._report import plot, print_tables, update_markdown
 from kvstores.bench._run import Plan, Progress, run_target
@@ -173,7 +174,7 @@ async def _run_all(targets: dict[str, str], plan: Plan, progress: Progress) -> d
         try:
             target_rows, target_scaling = await run_target(label, url, plan, progress)
         except Exception as exc:  # one failing target must not lose the others' results
-            errors[label] = f"{type(exc).__name__}: {exc}"
+            errors[label] = redact_text(f"{type(exc).__name__}: {exc}", url)
             continue
         rows += target_rows
         for axis, points in target_scaling.items():
@@ -183,7 +184,7 @@ async def _run_all(targets: dict[str, str], plan: Plan, progress: Progress) -> d
 
 def _document(argv: list[str], plan: Plan, results: dict[str, Any], elapsed: float) -> dict[str, Any]:
     return {
-        "command": ["kvstores", "bench", *argv],
+        "command": ["kvstores", "bench", *map(redact_text, argv)],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {
             "python": platform.python_version(),
@@ -216,7 +217,7 @@ def _measure(argv: list[str], options: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kvbench-") as folder:
         defaults = {"memory://": "memory://", "sqlite (temporary file)": f"sqlite:///{folder}/bench.db"}
-        targets = {url: url for url in options.targets} or defaults
+        targets = {redact(url): url for url in options.targets} or defaults  # label: URL
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with RichProgressBar(*columns, transient=True) as bar:
             results = asyncio.run(_run_all(targets, plan, _RichProgress(bar)))

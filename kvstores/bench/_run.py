@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstores._urls import redact_text
 from kvstores.bench._baselines import baselines, family
 from kvstores.bench._measure import RowSkipped, Scenario, Settings, measure
 from kvstores.bench._otel import otel_contenders
@@ -131,7 +132,8 @@ async def _close(store: Any) -> None:
         except KeyError:
             pass  # py-key-value's MongoDBStore cannot destroy a collection it never opened
         except Exception as exc:  # a failed clean-up must not hide the run's results or its own error
-            print(f"kvstores bench: could not clean up {type(store).__name__}: {exc!r}", file=sys.stderr)
+            reason = redact_text(repr(exc))
+            print(f"kvstores bench: could not clean up {type(store).__name__}: {reason}", file=sys.stderr)
     closer = getattr(store, "aclose", None) or getattr(store, "close", None)
     if closer is not None:
         await closer()
@@ -371,5 +373,8 @@ async def run_target(
         try:
             scaling |= await _size_sweeps(target, url, plan, progress)
         except Exception as exc:  # keep the rows measured so far
-            print(f"kvstores bench: {label}: scaling failed: {exc!r}", file=sys.stderr)
+            print(f"kvstores bench: {label}: scaling failed: {redact_text(repr(exc), url)}", file=sys.stderr)
+    for row in [*rows, *(point for points in scaling.values() for point in points)]:
+        if "skipped" in row:  # the reason quotes an exception: a driver's may hold the URL's secrets
+            row["skipped"] = redact_text(row["skipped"], url)
     return rows, scaling

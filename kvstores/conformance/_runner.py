@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from kvstores._urls import redact, redact_text
 from kvstores.conformance import SUITE_MODULES
 from kvstores.conformance._base import required_by
 from kvstores.conformance.targets import Target
@@ -86,17 +87,17 @@ class CheckPlugin:
         check = report.nodeid.rpartition("::")[2]
         if report.when == "call" or (report.when == "setup" and not report.passed):
             outcome = "passed" if report.passed else "skipped" if report.skipped else "failed"
-            reason = "" if report.passed else _reason(report)
+            reason = "" if report.passed else redact_text(_reason(report), self.target.spec)
             self.results[check] = Result(check, _group(check), outcome, reason, self._needs.get(report.nodeid, []))
         elif report.when == "teardown" and report.failed and check in self.results:
             result = self.results[check]
             result.outcome = "failed"
-            result.reason = result.reason or f"after the check: {_reason(report)}"
+            result.reason = result.reason or f"after the check: {redact_text(_reason(report), self.target.spec)}"
 
 
 def render(target: Target, suite: str, results: list[Result]) -> str:
     """The report: counts per group, then each failed check and each group's skips, one line each."""
-    lines = [f"kvstores check {target.spec} --suite {suite}"]
+    lines = [f"kvstores check {redact(target.spec)} --suite {suite}"]
     if target.kind == "store":
         found = ", ".join(sorted(target.capabilities)) or "none"
         lines.append(f"{target.type_name}; optional capabilities: {found}")
@@ -148,7 +149,7 @@ def run(target: Target, suite: str, *, verbose: bool = False, json_file: Path | 
     print(("\n" if verbose else "") + render(target, suite, results))
     if json_file is not None:
         report = {
-            "target": target.spec,
+            "target": redact(target.spec),
             "suite": suite,
             "store": target.type_name,
             "capabilities": sorted(target.capabilities),

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvstores._urls import redact, redact_text
 from kvstores.protocol import AsyncKeyValue, capabilities
 from kvstores.registry import open_store
 
@@ -23,7 +24,7 @@ __all__ = ["Target", "TargetError", "close", "is_url", "resolve"]
 
 
 class TargetError(Exception):
-    """A TARGET that cannot be checked; the message says why in one line."""
+    """A TARGET that cannot be checked; the message says why in one line, the TARGET's secrets masked."""
 
 
 def is_url(target: str) -> bool:
@@ -46,6 +47,10 @@ class Target:
     capabilities: frozenset[str]
     """What the store implements (:func:`kvstores.capabilities`)."""
 
+    def __repr__(self) -> str:
+        """The target with its URL redacted (pytest shows it beside a failed check)."""
+        return f"Target({redact(self.spec)!r}, kind={self.kind!r}, type_name={self.type_name!r})"
+
     async def open(self) -> Any:
         """A new store (or event store) from the target."""
         made = self.make()
@@ -66,7 +71,9 @@ def _factory(spec: str) -> Callable[[], Any]:
         return lambda: open_store(spec)
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise TargetError(f"{spec!r} is neither a store URL (memory://, sqlite:///file.db, ...) nor module:factory")
+        raise TargetError(
+            f"{redact(spec)!r} is neither a store URL (memory://, sqlite:///file.db, ...) nor module:factory"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: modules in the working directory are found
     try:
@@ -76,7 +83,7 @@ def _factory(spec: str) -> Callable[[], Any]:
     factory = getattr(module, attribute, None)
     if not callable(factory):
         found = "nothing" if factory is None else f"a {type(factory).__name__}"
-        raise TargetError(f"{spec!r} names {found}, not a factory (a callable returning a store)")
+        raise TargetError(f"{redact(spec)!r} names {found}, not a factory (a callable returning a store)")
     return factory  # type: ignore[no-any-return]
 
 
@@ -90,17 +97,18 @@ async def resolve(spec: str, *, event_stores: bool = False) -> Target:
         made = make()
         made = await made if inspect.isawaitable(made) else made
     except ImportError as exc:  # a backend's missing extra: the message names it
-        raise TargetError(str(exc)) from exc
+        raise TargetError(redact_text(str(exc), spec)) from exc
     except Exception as exc:
-        doing = f"cannot open {spec}" if is_url(spec) else f"the factory {spec} raised"
-        raise TargetError(f"{doing}: {type(exc).__name__}: {exc}") from exc
+        doing = f"cannot open {redact(spec)}" if is_url(spec) else f"the factory {spec} raised"
+        raise TargetError(f"{doing}: {type(exc).__name__}: {redact_text(str(exc), spec)}") from exc
     kind = _kind(made, event_stores)
     type_name = f"{type(made).__module__}.{type(made).__qualname__}"
     try:
         if kind == "store":
             await made.get("__kvstores_check_probe__")
     except (ConnectionError, OSError, TimeoutError) as exc:
-        raise TargetError(f"cannot reach the store of {spec}: {type(exc).__name__}: {exc}") from exc
+        reason = redact_text(str(exc), spec)
+        raise TargetError(f"cannot reach the store of {redact(spec)}: {type(exc).__name__}: {reason}") from exc
     except Exception:
         pass  # the checks report what else the store does wrong
     finally:

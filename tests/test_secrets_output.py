@@ -1,0 +1,278 @@
+"""Credentials never appear in output: every CLI verb, kvstores check and bench, with a password in the URL.
+
+Each case runs the real ``kvstores`` command in a child process with every logger at DEBUG
+(on stderr) and warnings shown, against a reachable server, an unreachable one (a closed
+loopback port) and with bad options, the URL given as an argument and through KVSTORES_URL;
+it fails if the password, as written or decoded, appears anywhere in stdout or stderr.
+The unit tests pin :func:`kvstores._urls.redact` and :func:`kvstores._urls.redact_text`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+
+import pytest
+
+from kvstores import open_store
+from kvstores._urls import redact, redact_text
+from tests.support import Backend, free_port
+from tests.support.fixtures import start_row
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "kvS3cretPw91"
+"""The password of every URL here; a case fails when it appears in the output."""
+ENCODED = quote(f"{SECRET}/@?#x", safe="")
+"""A password that must be percent-encoded: the output must show neither form."""
+
+_RUN = (
+    "import logging, sys; logging.basicConfig(level=logging.DEBUG, stream=sys.stderr);"
+    " from kvstores.cli import main; sys.exit(main())"
+)
+_WORKERS = 4  # child processes at once
+
+
+# -- redact() and redact_text() -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@127.0.0.1:1/0", "redis://:***@127.0.0.1:1/0"),
+        ("redis://app:pw@host:6379/0?prefix=a", "redis://app:***@host:6379/0?prefix=a"),
+        ("rediss://app:p%40ss%2Fw@host/0", "rediss://app:***@host/0"),
+        ("redis://onlyaword@host/0", "redis://***@host/0"),
+        ("postgresql://postgres@127.0.0.1/test", "postgresql://***@127.0.0.1/test"),
+        ("postgresql://u:a:b@[::1]:5432/db?sslmode=require", "postgresql://u:***@[::1]:5432/db?sslmode=require"),
+        ("mongodb://u:p@h1,h2:27018/db?replicaSet=rs", "mongodb://u:***@h1,h2:27018/db?replicaSet=rs"),
+        ("mongodb+srv://u:p@cluster0.example.net/db", "mongodb+srv://u:***@cluster0.example.net/db"),
+        ("unix://:pw@/run/redis.sock?db=1", "unix://:***@/run/redis.sock?db=1"),
+        ("unix:///run/redis.sock?password=pw&db=1", "unix:///run/redis.sock?password=***&db=1"),
+        ("redis://h/0?password=pw&token=t&api_key=k&x=1", "redis://h/0?password=***&token=***&api_key=***&x=1"),
+        (
+            "mongodb://h/?tls=true&tlsCertificateKeyFilePassword=pw&authMechanismProperties=AWS_SESSION_TOKEN:t",
+            "mongodb://h/?tls=true&tlsCertificateKeyFilePassword=***&authMechanismProperties=***",
+        ),
+        ("postgresql://h/db?sslpassword=pw&sslkey=/k.pem", "postgresql://h/db?sslpassword=***&sslkey=***"),
+        ("redis://h/0?ssl_keyfile_password=pw&SECRET=s", "redis://h/0?ssl_keyfile_password=***&SECRET=***"),
+        # unescaped characters a URL parser would split on: masked up to the last "@"
+        ("redis://:p/w#o?r@d@host:1/0", "redis://:***@host:1/0"),
+        ("redis://host/0?client_name=a@b", "redis://***@b"),
+        # no user info, or not a URL at all
+        ("sqlite:///dir/a@b.db", "sqlite:///dir/a@b.db"),
+        ("sqlite://:memory:", "sqlite://:memory:"),
+        ("memory://", "memory://"),
+        ("package.module:factory", "package.module:factory"),
+        ("redis:/:pw@host", "redis:***@host"),
+        ("", ""),
+        ("@", "@"),
+        ("://@", "://@"),
+    ],
+)
+def test_redact(url: str, shown: str) -> None:
+    assert redact(url) == shown
+    assert redact(shown) == shown
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://[::1:pw@x", "http://[bad", "a://b:c@[", "\udcff://u:\udcff@h", "%zz://:%zz@h"]
+)
+def test_redact_never_raises_on_garbage(url: str) -> None:
+    redacted = redact(url)
+    redact_text(url, url)
+    assert ":pw@" not in redacted
+
+
+def test_redact_text_masks_the_secrets_of_a_url_as_written_and_decoded() -> None:
+    url = f"redis://app:{ENCODED}@host:1/0?password=pw%2Bq"
+    text = (
+        f"AUTH failed for {SECRET}/@?#x ({ENCODED}); option pw+q; "
+        f"while opening '{url}' after redis://:other@elsewhere/1"
+    )
+    scrubbed = redact_text(text, url)
+    assert SECRET not in scrubbed
+    assert "pw+q" not in scrubbed and "pw%2Bq" not in scrubbed
+    assert "other" not in scrubbed  # any URL in the text is redacted too
+    assert "'redis://app:***@host:1/0?password=***'" in scrubbed
+    assert redact_text("no URL here: timeout", "redis://app@host/0") == "no URL here: timeout"
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def _kvstores(*args: str, url_variable: str | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {name: value for name, value in os.environ.items() if name != "KVSTORES_URL"}
+    environment |= {"PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "default", "COLUMNS": "400"}
+    if url_variable is not None:
+        environment["KVSTORES_URL"] = url_variable
+    return subprocess.run(
+        [sys.executable, "-c", _RUN, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=environment,
+        timeout=120,
+    )
+
+
+def _commands(url: str, sqlite: str, verbs: str) -> list[tuple[list[str], str | None]]:
+    """The verbs on ``url`` as (arguments, $KVSTORES_URL), in an order that makes the reads find data.
+
+    ``verbs``: "all" (every verb, ``kvstores check`` and the benchmark included), "fast" (the
+    same, for a URL on which every command fails at once) or "some" (put, get, ping, copy: for
+    the cases that differ only in what the driver is given).
+    """
+    commands: list[tuple[list[str], str | None]] = [
+        (["put", url, "secrets", "k", '{"n": 1}'], None),
+        (["get", url, "secrets", "k"], None),
+        (["ping", url], None),
+        (["ping"], url),
+        (["copy", url, sqlite], None),
+    ]
+    if verbs == "some":
+        return commands
+    bench = ["bench", "--quick", "--no-events", "--no-atomic", "--stream-lengths", "", "--rounds", "1", url]
+    return [
+        *commands,
+        (["get", "secrets", "k"], url),
+        (["ls", url], None),
+        (["ls", url, "secrets", "--json"], None),
+        (["ls", "secrets"], url),
+        (["copy", sqlite], url),
+        (["copy", sqlite, url, "--dry-run"], None),
+        (["delete", url, "secrets", "k"], None),
+        (["delete", url, "secrets", "gone"], None),
+        (["check", url, "--json", os.devnull], None),
+        (bench, None),
+    ]
+
+
+def _leaks(url: str, sqlite: str, verbs: str) -> list[str]:
+    """Each command on ``url`` whose output shows the password (or its decoded form)."""
+    found = []
+    for arguments, variable in _commands(url, sqlite, verbs):
+        result = _kvstores(*arguments, url_variable=variable)
+        output = result.stdout + result.stderr
+        squeezed = "".join(output.split())  # a wrapped line may split the password
+        if SECRET in output or SECRET in squeezed or ENCODED in squeezed:
+            shown = [arguments[0], *(redact(argument) for argument in arguments[1:])]
+            via = " (URL from $KVSTORES_URL)" if variable else ""
+            lines = [line for line in output.splitlines() if SECRET in line or ENCODED in line] or [output[-500:]]
+            found.append(f"kvstores {' '.join(shown)}{via}: {lines[0][:400]}")
+    return found
+
+
+def _with_user_info(url: str, user_info: str, **query: str) -> str:
+    """``url`` with ``user_info`` and the query options ``query`` added."""
+    parts = urlsplit(url)
+    netloc = f"{user_info}@{parts.netloc.rpartition('@')[2]}"
+    options = "&".join(filter(None, [parts.query, urlencode(query)]))
+    return urlunsplit(parts._replace(netloc=netloc, query=options))
+
+
+def _store_url(backend: Backend, namespace: str) -> str:
+    """A URL of the row's store on ``namespace`` with its options in the query."""
+    url, options = backend.url(namespace)
+    options = dict(options)
+    database = options.pop("database", None)
+    parts = urlsplit(url)
+    if database is not None and parts.path in ("", "/"):
+        parts = parts._replace(path=f"/{database}")
+    query = "&".join(filter(None, [parts.query, urlencode(options)]))
+    return urlunsplit(parts._replace(query=query))
+
+
+def _cases(name: str, reachable: str, unreachable: str) -> list[tuple[str, str]]:
+    """(URL, verbs) of every case of one backend: ``reachable`` and ``unreachable`` carry no password yet."""
+    user = {"redis": "", "postgresql": "postgres", "mongodb": "app"}[name]
+    cases = [
+        (_with_user_info(reachable, f"{user}:{SECRET}"), "all"),
+        (_with_user_info(unreachable, f"{user}:{SECRET}", timeout="1"), "fast"),
+        (_with_user_info(reachable, f"{user}:{SECRET}", timeout="abc"), "fast"),
+        (_with_user_info(reachable, f"{user}:{SECRET}", nonsense="1"), "some"),
+        (_with_user_info(reachable, f"{user}:{ENCODED}"), "some"),
+    ]
+    if name == "redis":  # TLS to a server that speaks none, and to no server
+        cases += [
+            (_with_user_info(reachable.replace("redis://", "rediss://"), f":{SECRET}", timeout="1"), "some"),
+            (_with_user_info(unreachable.replace("redis://", "rediss://"), f":{SECRET}"), "some"),
+        ]
+    if name == "mongodb":  # SecantusDB refuses the user: the password as an option reaches a working store
+        cases.append((_with_user_info(reachable, "", password=SECRET).replace("://@", "://"), "all"))
+    return cases
+
+
+def _destroy(url: str) -> None:
+    async def destroy() -> None:
+        async with open_store(url) as store:
+            await store.destroy()
+
+    asyncio.run(destroy())
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[str]:
+    """An SQLite store holding one entry, for copy to and from."""
+    url = f"sqlite:///{tmp_path / 'scratch.db'}"
+
+    async def seed() -> None:
+        async with open_store(url) as store:
+            await store.put("copied", {"n": 2}, collection="secrets")
+
+    asyncio.run(seed())
+    yield url
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(name, marks=getattr(pytest.mark, name), id=name) for name in ("redis", "postgresql", "mongodb")],
+)
+def test_no_command_ever_shows_the_password(
+    name: str, namespace: str, scratch: str, started: dict[str, Backend | str]
+) -> None:
+    backend = start_row(name, started)
+    reachable = _store_url(backend, namespace)
+    parts = urlsplit(reachable)
+    unreachable = urlunsplit(parts._replace(netloc=f"127.0.0.1:{free_port()}"))
+    cases = _cases(name, reachable, unreachable)
+    try:
+        with ThreadPoolExecutor(_WORKERS) as pool:
+            found = pool.map(lambda case: _leaks(case[0], scratch, case[1]), cases)
+            leaks = [leak for case_leaks in found for leak in case_leaks]
+    finally:
+        _destroy(reachable)
+    assert not leaks, "the password was shown:\n" + "\n".join(leaks)
+
+
+def test_a_bad_url_and_bad_arguments_never_show_the_password(tmp_path: Path) -> None:
+    sqlite = f"sqlite://app:{SECRET}@host/{tmp_path}/x.db"
+    leaks = []
+    for arguments in (
+        ["ping", sqlite],
+        ["ls", f"nosuchscheme://:{SECRET}@host/0"],
+        ["get", f"redis:/:{SECRET}@host/0", "c", "k"],
+        ["delete", "memory://", "c", "k", f"redis://:{SECRET}@host/0"],
+        ["check", f"redis://:{SECRET}@127.0.0.1:{free_port()}/0"],
+        ["bench", "--quick", f"redis://:{SECRET}@127.0.0.1:{free_port()}/0?timeout=1"],
+    ):
+        result = _kvstores(*arguments)
+        assert result.returncode != 0, arguments
+        output = result.stdout + result.stderr
+        if SECRET in output:
+            leaks.append(f"kvstores {arguments[0]}: {output[-400:]}")
+    assert not leaks, "\n".join(leaks)
+
+
+@pytest.mark.redis
+def test_ping_prints_the_url_redacted(namespace: str, started: dict[str, Backend | str]) -> None:
+    url = _with_user_info(_store_url(start_row("redis", started), namespace), f":{SECRET}", password=SECRET)
+    result = _kvstores("ping", url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{redact(url)}: ok ("), result.stdout
+    assert redact(url).startswith("redis://:***@127.0.0.1:6379/15?prefix=") and redact(url).endswith("&password=***")
