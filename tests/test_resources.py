@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from kvstores import MemoryStore
+from kvstores.errors import KVStoreError, StoreClosedError
 from tests.support import Backend
 
 pytestmark = pytest.mark.anyio
@@ -100,6 +101,55 @@ async def test_aclose_leaves_nothing_behind(backend: Backend, namespace: str) ->
         await store.aclose()
         unused = await backend.open(namespace)  # lazy: closing a store never used is fine too
         await unused.aclose()
+    threads, tasks, fds = await _settled(before)
+    assert threads == before[0], f"threads left: {threads - before[0]}"
+    assert tasks == before[1], f"tasks left: {tasks - before[1]}"
+    assert fds == before[2], f"descriptors left: {sorted(set(fds) - set(before[2]))}"
+    cleaner = await backend.open(namespace)
+    await cleaner.destroy()
+    await cleaner.aclose()
+
+
+def _burst(store: Any, count: int) -> list[asyncio.Future[Any]]:
+    """``count`` concurrent gets and puts, started but not awaited."""
+    return [
+        asyncio.ensure_future(store.get("k") if i % 2 else store.put(f"k{i}", {"i": i}, ttl=60)) for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("in_flight", [0, 1, 50])
+@pytest.mark.parametrize("batching", [True, False], ids=["batching", "no-batching"])
+async def test_aclose_is_final(backend: Backend, namespace: str, batching: bool, in_flight: int) -> None:
+    """Calls in flight at close complete or fail (never hang), queued ones fail with StoreClosedError,
+    later ones too, and no thread, task or connection of the store is left or reopened."""
+    warm_up = await backend.open(namespace, batching=batching)  # a client the store does not own grows
+    await _use(warm_up)
+    await asyncio.gather(*_burst(warm_up, in_flight))
+    await warm_up.aclose()
+    before = await _settled()
+    store = await backend.open(namespace, batching=batching)
+    await store.put("k", {"v": 1})
+    calls = _burst(store, in_flight)
+    await asyncio.sleep(0)  # each call is sent, or queued behind the one in flight
+    await store.aclose()
+    outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 15)
+    unexpected = [o for o in outcomes if not (o is None or o == {"v": 1} or isinstance(o, KVStoreError))]
+    assert not unexpected, unexpected
+    refused = sum(isinstance(outcome, StoreClosedError) for outcome in outcomes)
+    if store.batching and in_flight == 50:
+        assert refused >= 40, f"only {refused} of the queued calls failed with StoreClosedError: {outcomes}"
+    for call in (
+        lambda: store.get("k"),
+        lambda: store.put("k", {"v": 2}),
+        lambda: store.get_many(["k"]),
+        lambda: store.delete("k"),
+        lambda: store.keys(),
+        lambda: store.ping(),
+        lambda: store.update("k", lambda v: v),
+    ):
+        with pytest.raises(StoreClosedError):
+            await call()
+    await asyncio.sleep(0.2)  # anything that would reopen has had its chance
     threads, tasks, fds = await _settled(before)
     assert threads == before[0], f"threads left: {threads - before[0]}"
     assert tasks == before[1], f"tasks left: {tasks - before[1]}"

@@ -454,6 +454,7 @@ class MySQLStore(BaseStore):
             if self._ready_pool is None:
                 if self.pool is None:
                     self.pool = await asyncmy.create_pool(**self._connect_options)
+                    await self._release_with_loop()
                 async with self.pool.acquire() as connection:
                     self._returning = "mariadb" in connection.get_server_info().lower()
                     await self._check_schema(connection)
