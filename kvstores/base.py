@@ -52,6 +52,7 @@ from kvstores.errors import ConflictError, StoreClosedError
 __all__ = [
     "BATCHING_VARIABLE",
     "DEFAULT_COLLECTION",
+    "Entry",
     "UPDATE_ATTEMPTS",
     "BaseStore",
     "Stored",
@@ -76,10 +77,11 @@ _BACKOFF_BASE = 0.001
 _BACKOFF_CAP = 0.025
 
 
-_Entry = tuple[str, str, str, "float | None"]  # (collection, key, encoded value, ttl) of one put
+Entry = tuple[str, str, str, "float | None"]
+"""One put of a batch, as a backend's ``_put_entries`` receives it: (collection, key, encoded value, ttl)."""
 
 
-def _entry_size(entry: _Entry) -> int:
+def _entry_size(entry: Entry) -> int:
     return len(entry[2])
 
 
@@ -126,15 +128,15 @@ class BaseStore(abc.ABC):
             batching = flag(os.environ.get(BATCHING_VARIABLE, "on"))
         self.batching = batching
         self._reads: Coalescer[tuple[str, str], Stored | None] | None = None
-        self._writes: Coalescer[_Entry, None] | None = None
+        self._writes: Coalescer[Entry, None] | None = None
         if batching:
             system = self.db_system
             self._reads = Coalescer(
-                self._get_pair, self._get_pairs, on_batch=lambda size: _telemetry.record_batch(system, "get", size)
+                self._get_pair, self._read_batch, on_batch=lambda size: _telemetry.record_batch(system, "get", size)
             )
             self._writes = Coalescer(
                 self._put_entry,
-                self._put_entries,
+                self._write_batch,
                 size=_entry_size,
                 on_batch=lambda size: _telemetry.record_batch(system, "put", size),
             )
@@ -499,28 +501,48 @@ class BaseStore(abc.ABC):
     async def _get_pair(self, pair: tuple[str, str]) -> Stored | None:
         return await self._get(*pair)
 
-    async def _get_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[Stored | None]:
-        """One ``_get_many`` per collection for the (collection, key) pairs of a batch."""
-        keys_by_collection: dict[str, dict[str, None]] = {}
-        for collection, key in pairs:
-            keys_by_collection.setdefault(collection, {})[key] = None
-        found: dict[tuple[str, str], Stored | None] = {}
-        for collection, distinct in keys_by_collection.items():
-            keys = list(distinct)
-            found.update(zip(((collection, key) for key in keys), await self._get_many(collection, keys)))
+    async def _read_batch(self, pairs: Sequence[tuple[str, str]]) -> list[Stored | None]:
+        """The stored texts of a batch of gets: each distinct (collection, key) pair read once."""
+        distinct = list(dict.fromkeys(pairs))
+        found = dict(zip(distinct, await self._get_pairs(distinct)))
         return [found[pair] for pair in pairs]
 
-    async def _put_entry(self, entry: _Entry) -> None:
+    async def _put_entry(self, entry: Entry) -> None:
         await self._put(*entry)
 
-    async def _put_entries(self, entries: Sequence[_Entry]) -> list[None]:
-        """One ``_put_many`` per (collection, TTL) for the puts of a batch; of one key, the last wins."""
-        groups: dict[tuple[str, float | None], dict[str, str]] = {}
-        for collection, key, text, ttl in entries:
-            groups.setdefault((collection, ttl), {})[key] = text
-        for (collection, ttl), texts in groups.items():
-            await self._put_many(collection, list(texts), list(texts.values()), ttl)
+    async def _write_batch(self, entries: Sequence[Entry]) -> list[None]:
+        """Write a batch of puts: of several puts of one key, the last queued wins, whatever its TTL."""
+        latest = {(collection, key): (collection, key, text, ttl) for collection, key, text, ttl in entries}
+        await self._put_entries(list(latest.values()))
         return [None] * len(entries)
+
+    async def _get_pairs(self, pairs: Sequence[tuple[str, str]]) -> Sequence[Stored | None]:
+        """The stored text of each distinct (collection, key) pair, whatever their collections.
+
+        Backends override it to read every collection in one round trip; this default reads
+        the collections concurrently, one ``_get_many`` each.
+        """
+        keys_by_collection: dict[str, list[str]] = {}
+        for collection, key in pairs:
+            keys_by_collection.setdefault(collection, []).append(key)
+        found: dict[tuple[str, str], Stored | None] = {}
+        replies = await asyncio.gather(*(self._get_many(c, keys) for c, keys in keys_by_collection.items()))
+        for (collection, keys), texts in zip(keys_by_collection.items(), replies):
+            found.update(zip(((collection, key) for key in keys), texts))
+        return [found[pair] for pair in pairs]
+
+    async def _put_entries(self, entries: Sequence[Entry]) -> None:
+        """Write entries of distinct (collection, key) pairs, each with its own TTL.
+
+        Backends override it to write every collection in one round trip; this default writes
+        each (collection, TTL) group concurrently with one ``_put_many``.
+        """
+        groups: dict[tuple[str, float | None], tuple[list[str], list[str]]] = {}
+        for collection, key, text, ttl in entries:
+            keys, texts = groups.setdefault((collection, ttl), ([], []))
+            keys.append(key)
+            texts.append(text)
+        await asyncio.gather(*(self._put_many(c, keys, texts, ttl) for (c, ttl), (keys, texts) in groups.items()))
 
     async def _ttl(self, collection: str, key: str) -> tuple[Stored | None, float | None]:
         return (await self._ttl_many(collection, [key]))[0]

@@ -113,7 +113,7 @@ class Counting:
 
     def __init__(self, store: Any) -> None:
         self.calls: dict[str, int] = {}
-        for name in ("_get", "_get_many", "_put", "_put_many"):
+        for name in ("_get", "_get_many", "_get_pairs", "_put", "_put_many", "_put_entries"):
             setattr(store, name, self._counted(name, getattr(store, name)))
 
     def _counted(self, name: str, method: Any) -> Any:
@@ -133,7 +133,7 @@ async def test_store_coalesces_concurrent_gets_and_puts(batching: Backend, names
         await asyncio.gather(*(store.put(key, {"key": key}) for key in keys))
         assert await asyncio.gather(*(store.get(key) for key in keys)) == [{"key": key} for key in keys]
         assert counting.calls["_put"] == counting.calls["_get"] == 1  # the first of each went out alone
-        assert counting.calls["_put_many"] + counting.calls["_get_many"] < 2 * len(keys) / 4
+        assert counting.calls["_put_entries"] + counting.calls["_get_pairs"] < 2 * len(keys) / 4
     finally:
         await store.destroy()
         await store.aclose()
@@ -184,3 +184,75 @@ async def test_batching_can_be_turned_off(batching: Backend, namespace: str) -> 
             assert counting.calls == {"_get": 16}
         finally:
             await store.aclose()
+
+
+async def _queued_behind_one_in_flight(store: Any, calls: list[Any]) -> list[Any]:
+    """Run ``calls`` while another put is in flight, so that they queue and go out as one batch."""
+    in_flight = asyncio.ensure_future(store.put("in-flight", {}))
+    await asyncio.sleep(0)
+    outcomes = await asyncio.gather(*calls)
+    await in_flight
+    return outcomes
+
+
+@pytest.mark.parametrize(
+    ("ttls", "expected_ttl"), [((100, None, 100), 100), ((100, 100, None), None), ((None, None, 50), 50)]
+)
+async def test_the_last_queued_write_of_a_key_wins_whatever_its_ttl(
+    batching: Backend, namespace: str, ttls: tuple[float | None, ...], expected_ttl: float | None
+) -> None:
+    store = await batching.open(namespace)
+    try:
+        counting = Counting(store)
+        await _queued_behind_one_in_flight(store, [store.put("k", {"v": i}, ttl=ttl) for i, ttl in enumerate(ttls)])
+        assert counting.calls.get("_put_entries") == 1, counting.calls  # the three writes did share a batch
+        value, remaining = await store.ttl("k")
+        assert value == {"v": len(ttls) - 1}
+        if expected_ttl is None:
+            assert remaining is None
+        else:
+            assert remaining is not None and expected_ttl - 5 < remaining <= expected_ttl
+    finally:
+        await store.destroy()
+        await store.aclose()
+
+
+async def test_a_batch_over_many_collections_is_one_round_trip(batching: Backend, namespace: str) -> None:
+    store = await batching.open(namespace)
+    try:
+        counting = Counting(store)
+        pairs = [(f"k{i}", f"c{i % 32}") for i in range(64)]
+        ttls = [None, 60, 120]
+        await _queued_behind_one_in_flight(
+            store, [store.put(k, {"k": k}, collection=c, ttl=ttls[i % 3]) for i, (k, c) in enumerate(pairs)]
+        )
+        got = await _queued_behind_one_in_flight(store, [store.get(k, collection=c) for k, c in pairs])
+        assert got == [{"k": k} for k, _ in pairs]
+        # one bulk call per batch, whatever the collections and TTLs: not one per collection
+        assert counting.calls.get("_put_entries") == counting.calls.get("_get_pairs") == 1, counting.calls
+        assert "_get_many" not in counting.calls and "_put_many" not in counting.calls, counting.calls
+        remaining = [seconds for _, seconds in await store.ttl_many(["k1", "k33"], collection="c1")]
+        assert remaining[0] is not None and 55 < remaining[0] <= 60  # k1: ttls[1]
+        assert remaining[1] is None  # k33: ttls[0]
+    finally:
+        await store.destroy()
+        await store.aclose()
+
+
+async def test_a_cancelled_call_may_still_land(batching: Backend, namespace: str) -> None:
+    """Documented in the README: a write cancelled once taken into a batch still lands, although
+    its caller saw CancelledError."""
+    store = await batching.open(namespace)
+    try:
+        in_flight = asyncio.ensure_future(store.put("in-flight", {}))
+        await asyncio.sleep(0)
+        early = asyncio.ensure_future(store.put("k", {"by": "cancelled"}))  # queued behind in_flight
+        await asyncio.sleep(0)
+        await in_flight  # the queued write is taken into the next batch, which is now in flight
+        early.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await early
+        assert await store.get("k") == {"by": "cancelled"}
+    finally:
+        await store.destroy()
+        await store.aclose()

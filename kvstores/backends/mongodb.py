@@ -69,13 +69,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from kvstores._optional import missing_extra
 from kvstores._urls import split_url_options
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import DeserializationError, KVStoreError, StoreConnectionError
 
 try:
@@ -275,17 +275,21 @@ class MongoDBStore(BaseStore):
 
     # -- helpers ---------------------------------------------------------------------
 
-    async def _find(self, collection: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """Fetched documents by ``_id`` (expired ones included: callers filter)."""
+    async def _find(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The documents of ``ids`` by ``_id`` (expired ones included: callers filter)."""
         entries = await self._ready()
-        prefix = _prefix(collection)
         found: dict[str, dict[str, Any]] = {}
         with _translated():
-            for chunk in chunks(keys, self._chunk_size):
-                query = {"_id": {"$in": [prefix + key for key in chunk]}}
-                for document in await entries.find(query).to_list(None):
+            for chunk in chunks(ids, self._chunk_size):
+                for document in await entries.find({"_id": {"$in": chunk}}).to_list(None):
                     found[document["_id"]] = document
         return found
+
+    async def _texts(self, ids: Sequence[str]) -> list[str | None]:
+        """The live text of each document of ``ids``, None where absent or expired."""
+        found = await self._find(ids)
+        now_ms = _now_ms()
+        return [None if (document := found.get(id_)) is None else _text(document, now_ms) for id_ in ids]
 
     # -- primitives ------------------------------------------------------------------
 
@@ -302,14 +306,24 @@ class MongoDBStore(BaseStore):
         return _row(document, _now_ms())
 
     async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
-        found = await self._find(collection, keys)
-        prefix, now_ms = _prefix(collection), _now_ms()
-        return [None if (document := found.get(prefix + key)) is None else _text(document, now_ms) for key in keys]
+        prefix = _prefix(collection)
+        return await self._texts([prefix + key for key in keys])
+
+    async def _get_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
+        return await self._texts([_prefix(collection) + key for collection, key in pairs])
+
+    async def _put_entries(self, entries: Sequence[Entry]) -> None:
+        await self._bulk_write(
+            ReplaceOne({"_id": _prefix(collection) + key}, _document(collection, text, _expiry(ttl)), upsert=True)
+            for collection, key, text, ttl in entries
+        )
 
     async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[str | None, float | None]]:
-        found = await self._find(collection, keys)
-        prefix, now_ms = _prefix(collection), _now_ms()
-        return [_row(found.get(prefix + key), now_ms) for key in keys]
+        prefix = _prefix(collection)
+        ids = [prefix + key for key in keys]
+        found = await self._find(ids)
+        now_ms = _now_ms()
+        return [_row(found.get(id_), now_ms) for id_ in ids]
 
     async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
         entries = await self._ready()
@@ -319,14 +333,17 @@ class MongoDBStore(BaseStore):
             )
 
     async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
-        entries = await self._ready()
         prefix, expiry = _prefix(collection), _expiry(ttl)
-        requests = [
+        await self._bulk_write(
             ReplaceOne({"_id": prefix + key}, _document(collection, text, expiry), upsert=True)
             for key, text in zip(keys, texts)
-        ]
+        )
+
+    async def _bulk_write(self, requests: Iterable[ReplaceOne[Any]]) -> None:
+        """Run the upserts ``requests``, unordered, ``chunk_size`` per round trip."""
+        entries = await self._ready()
         with _translated():
-            for chunk in chunks(requests, self._chunk_size):
+            for chunk in chunks(list(requests), self._chunk_size):
                 await entries.bulk_write(chunk, ordered=False)
 
     async def _delete(self, collection: str, key: str) -> bool:

@@ -103,7 +103,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
 from kvstores._urls import flag, split_url_options
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import ConflictError, KVStoreError, StoreConnectionError
 
 try:
@@ -144,6 +144,7 @@ _DEADLOCK_ATTEMPTS: Final = 3  # a statement (or transaction) the server chose a
 _POP_ATTEMPTS: Final = 100  # MySQL's read-then-compare-and-delete pop, racing other writers
 _LOCK_WAIT: Final = 30  # seconds GET_LOCK waits for another process creating the table
 _IDS_CACHED: Final = 1_000  # collections whose (digest, name) is kept ready
+_UpsertRow = tuple[bytes, bytes, bytes, bytes, str, "int | None"]  # the columns of one upserted row
 _NO_LIMIT: Final = 2**64 - 1
 _VERSION_COLLECTION = b""  # no kvstores collection is empty: the schema version's row
 _VERSION_KEY = b"schema_version"
@@ -638,36 +639,49 @@ class MySQLStore(BaseStore):
         await self._sweep_when_due()
         await self._query(self._sql.put, (*self._row(collection, key), text, _micros(ttl)))
 
+    async def _get_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
+        # one SELECT per collection (each on the primary key), joined by UNION ALL: one round trip
+        keys_by_collection: dict[str, list[str]] = {}
+        for collection, key in pairs:
+            keys_by_collection.setdefault(collection, []).append(key)
+        parts: list[str] = []
+        args: list[Any] = []
+        for collection, keys in keys_by_collection.items():
+            collection_id, name = self._collection_ids(collection)
+            ids = self._padded_ids([_digest(key.encode()) for key in keys])
+            parts.append(self._sql.select_many("collection, value", len(ids)))
+            args += (collection_id, *ids, name)
+        _, rows = await self._query(" UNION ALL ".join(parts), args)
+        found = {(name, key): text for key, name, text in rows}
+        return [found.get((collection.encode(), key.encode())) for collection, key in pairs]
+
     async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
+        await self._put_entries([(collection, key, text, ttl) for key, text in zip(keys, texts)])
+
+    async def _put_entries(self, entries: Sequence[Entry]) -> None:
         await self._sweep_when_due()
-        collection_id, name = self._collection_ids(collection)
-        micros = _micros(ttl)
-        rows = sorted((_digest(key.encode()), key.encode(), text) for key, text in zip(keys, texts))
+        # in primary-key order, as every bulk write locks rows: overlapping writes queue, never deadlock
+        rows = sorted((*self._row(collection, key), text, _micros(ttl)) for collection, key, text, ttl in entries)
         statements: list[tuple[str, list[Any]]] = []
-        batch: list[tuple[bytes, bytes, str]] = []
+        batch: list[_UpsertRow] = []
         size = 0
         for row in rows:
-            if batch and (len(batch) == _CHUNK or size + len(row[2]) > _CHUNK_BYTES):
-                statements.append(self._upsert(collection_id, name, batch, micros))
+            if batch and (len(batch) == _CHUNK or size + len(row[4]) > _CHUNK_BYTES):
+                statements.append(self._upsert(batch))
                 batch, size = [], 0
             batch.append(row)
-            size += len(row[2])
-        statements.append(self._upsert(collection_id, name, batch, micros))
+            size += len(row[4])
+        statements.append(self._upsert(batch))
         if len(statements) == 1:
             await self._query(*statements[0])
         else:
             await self._run(lambda connection: _transaction(connection, statements))
 
-    def _upsert(
-        self, collection_id: bytes, name: bytes, batch: list[tuple[bytes, bytes, str]], micros: int | None
-    ) -> tuple[str, list[Any]]:
-        """One multi-row upsert of ``batch`` (digest, key, text), padded to a prepared shape with its last row."""
+    def _upsert(self, batch: list[_UpsertRow]) -> tuple[str, list[Any]]:
+        """One multi-row upsert of ``batch``, padded to a prepared shape with its last row."""
         if self._padded:
             batch = batch + batch[-1:] * (_bucket(len(batch)) - len(batch))
-        args: list[Any] = []
-        for key_id, key, text in batch:
-            args += (collection_id, key_id, name, key, text, micros)
-        return self._sql.put_many(len(batch)), args
+        return self._sql.put_many(len(batch)), [value for row in batch for value in row]
 
     async def _delete(self, collection: str, key: str) -> bool:
         count, _ = await self._query(self._sql.delete, self._row(collection, key))

@@ -94,7 +94,7 @@ from urllib.parse import urlsplit
 
 from kvstores._optional import missing_extra
 from kvstores._urls import split_url_options
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored
 from kvstores.errors import KVStoreError, StoreConnectionError
 
 try:
@@ -237,6 +237,19 @@ class _Statements:
         self.get_many = (
             f"SELECT key, value FROM {table}"
             f" WHERE collection_id = $1 AND key_id = ANY($2::bytea[]) AND collection = $3 AND {live}"
+        )
+        # a batch of gets and puts over any collections, one statement each (kvstores._batching)
+        pairs = "unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bytea[])"
+        self.get_pairs = (
+            f"SELECT u.i, t.value FROM {pairs} WITH ORDINALITY AS u(collection_id, key_id, collection, key, i)"
+            f" JOIN {table} AS t ON t.collection_id = u.collection_id AND t.key_id = u.key_id"
+            f" AND t.collection = u.collection AND t.key = u.key WHERE {live.replace('expires_at', 't.expires_at')}"
+        )
+        self.put_entries = (
+            f"INSERT INTO {table} {columns} SELECT u.collection_id, u.key_id, u.collection, u.key, u.value,"
+            " now() + u.ttl * interval '1 second'"
+            " FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bytea[], $5::text[], $6::float8[])"
+            f" AS u(collection_id, key_id, collection, key, value, ttl) {upsert}"
         )
         remaining = "date_part('epoch', expires_at - now())"
         self.ttl = f"SELECT value, {remaining} FROM {table} WHERE {row} AND {live}"
@@ -498,6 +511,20 @@ class PostgreSQLStore(BaseStore):
     async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
         encoded, found = await self._select_many(self._sql.get_many, collection, keys)
         return [None if (row := found.get(key)) is None else row[1] for key in encoded]
+
+    async def _get_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
+        columns = list(zip(*(self._row(collection, key) for collection, key in pairs)))
+        rows = await self._query("fetch", self._sql.get_pairs, *map(list, columns))
+        found: list[str | None] = [None] * len(pairs)
+        for position, text in rows:
+            found[position - 1] = text
+        return found
+
+    async def _put_entries(self, entries: Sequence[Entry]) -> None:
+        await self._sweep_when_due()
+        # in (collection_id, key_id) order, as every bulk write locks rows: no deadlock between them
+        rows = sorted((*self._row(collection, key), text, ttl) for collection, key, text, ttl in entries)
+        await self._query("execute", self._sql.put_entries, *map(list, zip(*rows)))
 
     async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[str | None, float | None]]:
         encoded, found = await self._select_many(self._sql.ttl_many, collection, keys)

@@ -76,7 +76,7 @@ from urllib.parse import unquote, urlsplit
 from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
 from kvstores._urls import split_url_options
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import KVStoreError, StoreClosedError, StoreConnectionError
 
 try:
@@ -508,6 +508,25 @@ class RedisStore(BaseStore):
             replies = await self._pipeline([("MGET", *chunk) for chunk in chunks(names, _CHUNK)])
             values = [value for reply in replies for value in reply]
         return cast("list[Stored | None]", values)
+
+    async def _get_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[Stored | None]:
+        names = [self._head(collection) + key for collection, key in pairs]
+        by_collection: dict[str, list[str]] = {}
+        for (collection, _), name in zip(pairs, names):
+            by_collection.setdefault(collection, []).append(name)
+        # one MGET per collection (its keys share a slot), all in one pipeline: one round trip
+        mgets = [chunk for group in by_collection.values() for chunk in chunks(group, _CHUNK)]
+        replies = await self._pipeline(("MGET", *chunk) for chunk in mgets)
+        found = {name: value for chunk, reply in zip(mgets, replies) for name, value in zip(chunk, reply)}
+        return [found[name] for name in names]
+
+    async def _put_entries(self, entries: Sequence[Entry]) -> None:
+        await self._pipeline(
+            ("SET", self._head(collection) + key, text)
+            if ttl is None
+            else ("SET", self._head(collection) + key, text, "PX", ttl_milliseconds(ttl))
+            for collection, key, text, ttl in entries
+        )
 
     async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[Stored | None, float | None]]:
         names = self._names(collection, keys)

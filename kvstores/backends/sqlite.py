@@ -39,7 +39,7 @@ from urllib.parse import unquote, urlsplit
 
 from kvstores._optional import missing_extra
 from kvstores._urls import redact, split_url_options
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored, chunks
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import KVStoreError, StoreConnectionError
 
 try:
@@ -160,6 +160,19 @@ def _select_live(collection: str, keys: Sequence[str], conn: sqlite3.Connection)
         for key, value, expires_at in rows:
             found[key] = (value, None if expires_at is None else expires_at - now)
     return found
+
+
+def _select_pairs(pairs: Sequence[tuple[str, str]], conn: sqlite3.Connection) -> list[str | None]:
+    """The live text of each (collection, key) pair, every collection in one hop to the thread."""
+    keys_by_collection: dict[str, list[str]] = {}
+    for collection, key in pairs:
+        keys_by_collection.setdefault(collection, []).append(key)
+    found = {
+        (collection, key): row[0]
+        for collection, keys in keys_by_collection.items()
+        for key, row in _select_live(collection, keys, conn).items()
+    }
+    return [found.get(pair) for pair in pairs]
 
 
 def _delete_live(collection: str, keys: Sequence[str], conn: sqlite3.Connection) -> int:
@@ -297,6 +310,14 @@ class SQLiteStore(BaseStore):
     async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[str | None, float | None]]:
         found = await self._run(partial(_select_live, collection, keys))
         return [found.get(key, (None, None)) for key in keys]
+
+    async def _get_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
+        return await self._run(partial(_select_pairs, pairs))
+
+    async def _put_entries(self, entries: Sequence[Entry]) -> None:
+        now = time.time()
+        rows = [(collection, key, text, None if ttl is None else now + ttl) for collection, key, text, ttl in entries]
+        await self._write(lambda conn: conn.executemany(_UPSERT, rows).close())
 
     async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
         row = (collection, key, text, None if ttl is None else time.time() + ttl)
