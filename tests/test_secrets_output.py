@@ -22,6 +22,7 @@ import pytest
 
 from kvstores import open_store
 from kvstores._urls import redact, redact_text
+from kvstores.conformance.targets import Target
 from tests.support import Backend, free_port
 from tests.support.fixtures import start_row
 
@@ -101,6 +102,12 @@ def test_redact_text_masks_the_secrets_of_a_url_as_written_and_decoded() -> None
     assert "other" not in scrubbed  # any URL in the text is redacted too
     assert "'redis://app:***@host:1/0?password=***'" in scrubbed
     assert redact_text("no URL here: timeout", "redis://app@host/0") == "no URL here: timeout"
+
+
+def test_a_check_target_shows_its_url_redacted() -> None:
+    # pytest prints a failed check's arguments, the target among them, with kvstores check -v
+    target = Target(f"redis://:{SECRET}@host/0", dict, "store", "kvstores.backends.redis.RedisStore", frozenset())
+    assert SECRET not in repr(target) and "redis://:***@host/0" in repr(target)
 
 
 # -- the command line ---------------------------------------------------------------------------
