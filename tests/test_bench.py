@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 
 from kvstores.bench._report import SECTIONS, update_markdown
-from kvstores.bench._scenarios import KV_OPERATIONS
+from kvstores.bench._run import BATCHING_OFF
+from kvstores.bench._scenarios import BATCHING_OPERATIONS, KV_OPERATIONS
 from kvstores.bench._targets import evaluate
+from tests.support import Backend
+from tests.support.fixtures import rows as backend_rows
 
 pytest.importorskip("rich")
 
@@ -141,6 +144,38 @@ def test_markdown_sections_are_rewritten_in_place(tmp_path: Path) -> None:
     update_markdown(page, document)
     text = page.read_text()
     assert text.startswith("# prose kept\n") and text.endswith("more prose\n")
-    assert "old" not in text
+    assert text.count("old") == 1, "only the batching-latency section, which this document does not fill, is kept"
+    assert "<!-- kvstores bench: batching-latency -->\nold\n" in text
     assert "| StoreEventStore replay vs fastmcp EventStore (memory) | `memory://` | >= 5.0x | 2.10x |" in text
     assert "- StoreEventStore replay vs fastmcp EventStore (memory) on memory://: needs >= 5.0x" in text
+
+
+@pytest.mark.parametrize("backend", backend_rows("redis"), indirect=True)
+def test_batching_latency_runs_through_the_proxy(backend: Backend, namespace: str, tmp_path: Path) -> None:
+    url = f"redis://127.0.0.1:6379/15?prefix={namespace}"
+    shape = ("--callers", "1,4", "--collections", "1,2")
+    document = _bench("--rounds", "1", "--batching-latency", "2", *shape, url, "memory://", cwd=tmp_path)
+    assert document["settings"]["batching_latency"]["delay_ms_each_way"] == 2.0
+    redis_rows = [row for row in document["rows"] if row["backend"] == "redis"]
+    assert {(row["operation"], row["concurrency"], row["collections"]) for row in redis_rows} == {
+        (operation, callers, count) for operation in BATCHING_OPERATIONS for callers in (1, 4) for count in (1, 2)
+    }
+    for row in _measured(redis_rows):
+        assert row["group"] == "batching"
+        assert set(row["contenders"]) == {"kvstores", BATCHING_OFF}
+        for figures in row["contenders"].values():
+            _check_figures(figures)
+    memory_rows = [row for row in document["rows"] if row["backend"] == "memory"]
+    assert memory_rows and all("no latency to add" in row["skipped"] for row in memory_rows)
+    judged = [target for target in document["targets"] if target["group"] == "batching"]
+    assert [target["target"] for target in judged] == [
+        "RedisStore batching on within 1.05x of off, 1 caller over 1 collection (median round)"
+    ]
+    assert judged[0]["every_row"] is True and judged[0]["rows"] == 2
+    page = tmp_path / "BENCHMARKS.md"
+    markers = "".join(f"<!-- kvstores bench: {name} -->\nold\n<!-- /kvstores bench: {name} -->\n" for name in SECTIONS)
+    page.write_text(markers)
+    update_markdown(page, document)
+    section = page.read_text().partition("<!-- kvstores bench: batching-latency -->")[2]
+    assert "#### `redis://127.0.0.1:6379/15?prefix=" in section and "| get | 4 | 2 |" in section
+    assert page.read_text().count("old") == len(SECTIONS) - 1, "a batching-latency run fills its own section only"

@@ -1,7 +1,8 @@
 """``kvstores bench``: measure stores side by side with their raw drivers and py-key-value-aio.
 
 Usage: ``kvstores bench [TARGET ...] [--compare] [--quick] [--scaling] [--json FILE] [--plot FILE.png]
-[--markdown FILE.md]`` (``python -m kvstores.bench ...`` is the same command).
+[--markdown FILE.md]`` or ``kvstores bench --batching-latency [MS] TARGET ...`` (``python -m
+kvstores.bench ...`` is the same command).
 
 TARGET is any store URL; the default is ``memory://`` and a temporary SQLite file. Each
 target runs get, put, put with TTL, ttl, and get_many/put_many/delete_many of 100 keys, at
@@ -17,6 +18,16 @@ exists, and fastmcp's EventStore; each row then shows ours/baseline ops/s, and t
 collection size, value size and concurrency (1 to 256 tasks, every contender); ``--large
 [BACKENDS]`` adds the 1M-key memory/SQLite and 100k-key Redis/MongoDB points, which take
 minutes to load. ``--quick`` runs 100 B values only, in shorter rounds.
+
+``--batching-latency [MS]`` measures something else instead: for each networked TARGET, a
+loopback proxy adding MS ms (default 10) to every chunk in each direction stands in front of
+its server (:mod:`kvstores.bench._proxy`), the store is opened through it with batching on and
+with batching off, and both run rounds of C concurrent gets (and puts) spread over K
+collections (``--callers``, default 1,64; ``--collections``, default 1,4,32), interleaved; each
+row shows the median and p99 round time of both, and the targets require batching on to be no
+slower than off within :data:`kvstores.bench._targets.BATCHING_TOLERANCE`, at every C and K.
+The run is bounded: ``--rounds`` (default 10) and a wall-clock cap of 15 minutes (3 with
+``--quick``), past which the remaining rows are skipped and say so.
 
 ``--load FILE`` reads a document ``--json`` wrote instead of measuring, and re-judges the
 targets; with ``--markdown FILE.md`` and ``--plot`` this regenerates BENCHMARKS.md's tables
@@ -49,7 +60,7 @@ from kvstores._optional import missing_extra
 from kvstores._urls import redact, redact_text
 from kvstores.bench._measure import Settings
 from kvstores.bench._report import plot, print_tables, update_markdown
-from kvstores.bench._run import Plan, Progress, run_target
+from kvstores.bench._run import LatencyPlan, Plan, Progress, run_batching_latency, run_target
 from kvstores.bench._targets import evaluate
 
 __all__ = ["main"]
@@ -78,6 +89,9 @@ _FULL = Plan(
     scaling_value_sizes=(100, 1_000, 10_000, 100_000, 1_000_000),
     scaling_concurrencies=(1, 4, 16, 64, 256),
 )
+_LATENCY_QUICK = (Settings(rounds=3, slice_seconds=0.05, max_batch_seconds=2.0), 180.0)
+_LATENCY_FULL = (Settings(rounds=10, slice_seconds=0.2, max_batch_seconds=5.0), 900.0)
+"""Batching-through-latency runs: (settings, wall-clock cap in seconds)."""
 _LARGE = {"memory": (1_000, 100_000, 1_000_000), "sqlite": (1_000, 100_000, 1_000_000), "other": (1_000, 100_000)}
 _FAMILIES = ("memory", "sqlite", "redis", "mongodb", "postgresql")
 
@@ -121,6 +135,24 @@ def _parser() -> argparse.ArgumentParser:
         type=_lengths,
         metavar="N,N,...",
         help="stream lengths of the append@N event rows (default 10,100,1000; --quick 10; '' for none)",
+    )
+    parser.add_argument(
+        "--batching-latency",
+        nargs="?",
+        const=10.0,
+        type=float,
+        metavar="MS",
+        help="instead: batching on vs off through a proxy adding MS ms each way (default 10), networked TARGETs",
+    )
+    parser.add_argument(
+        "--callers", type=_lengths, default=(1, 64), metavar="N,N,...", help="--batching-latency: calls per round"
+    )
+    parser.add_argument(
+        "--collections",
+        type=_lengths,
+        default=(1, 4, 32),
+        metavar="N,N,...",
+        help="--batching-latency: collections a round spreads over",
     )
     parser.add_argument("--rounds", type=int, help="measured rounds per row (after one warm-up round)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
@@ -166,6 +198,25 @@ def _plan(options: argparse.Namespace) -> Plan:
     )
 
 
+def _latency_plan(options: argparse.Namespace) -> LatencyPlan:
+    settings, budget = _LATENCY_QUICK if options.quick else _LATENCY_FULL
+    if options.rounds:
+        settings = Settings(options.rounds, settings.slice_seconds, settings.max_batch_seconds)
+    return LatencyPlan(options.batching_latency / 1e3, options.callers, options.collections, settings, budget)
+
+
+async def _run_latency(targets: dict[str, str], plan: LatencyPlan, progress: Progress) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    errors: dict[str, str] = {}
+    deadline = time.monotonic() + plan.budget_seconds
+    for label, url in targets.items():
+        try:
+            rows += await run_batching_latency(label, url, plan, deadline, progress)
+        except Exception as exc:  # one failing target must not lose the others' results
+            errors[label] = redact_text(f"{type(exc).__name__}: {exc}", url)
+    return {"rows": rows, "scaling": {}, "errors": errors}
+
+
 async def _run_all(targets: dict[str, str], plan: Plan, progress: Progress) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     scaling: dict[str, list[dict[str, Any]]] = {}
@@ -182,7 +233,31 @@ async def _run_all(targets: dict[str, str], plan: Plan, progress: Progress) -> d
     return {"rows": rows, "scaling": scaling, "errors": errors}
 
 
-def _document(argv: list[str], plan: Plan, results: dict[str, Any], elapsed: float) -> dict[str, Any]:
+def _settings(plan: Plan | LatencyPlan) -> dict[str, Any]:
+    if isinstance(plan, LatencyPlan):
+        return {
+            "rounds": plan.settings.rounds,
+            "warmup_rounds": 1,
+            "slice_seconds": plan.settings.slice_seconds,
+            "batching_latency": {
+                "delay_ms_each_way": plan.delay_seconds * 1e3,
+                "callers": list(plan.callers),
+                "collections": list(plan.collections),
+                "budget_seconds": plan.budget_seconds,
+            },
+        }
+    return {
+        "rounds": plan.settings.rounds,
+        "warmup_rounds": 1,
+        "slice_seconds": plan.settings.slice_seconds,
+        "value_sizes": list(plan.value_sizes),
+        "concurrencies": list(plan.concurrencies),
+        "stream_lengths": list(plan.stream_lengths),
+        "compare": plan.compare,
+    }
+
+
+def _document(argv: list[str], plan: Plan | LatencyPlan, results: dict[str, Any], elapsed: float) -> dict[str, Any]:
     return {
         "command": ["kvstores", "bench", *map(redact_text, argv)],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -191,15 +266,7 @@ def _document(argv: list[str], plan: Plan, results: dict[str, Any], elapsed: flo
             "platform": platform.platform(),
             "cpu_count": os.cpu_count(),
         },
-        "settings": {
-            "rounds": plan.settings.rounds,
-            "warmup_rounds": 1,
-            "slice_seconds": plan.settings.slice_seconds,
-            "value_sizes": list(plan.value_sizes),
-            "concurrencies": list(plan.concurrencies),
-            "stream_lengths": list(plan.stream_lengths),
-            "compare": plan.compare,
-        },
+        "settings": _settings(plan),
         "elapsed_seconds": round(elapsed, 1),
         "targets": evaluate(results["rows"]),
         **results,
@@ -208,7 +275,7 @@ def _document(argv: list[str], plan: Plan, results: dict[str, Any], elapsed: flo
 
 def _measure(argv: list[str], options: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark ``options`` describe; return the results document."""
-    plan = _plan(options)
+    plan = _latency_plan(options) if options.batching_latency is not None else _plan(options)
     try:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as RichProgressBar
@@ -220,14 +287,20 @@ def _measure(argv: list[str], options: argparse.Namespace) -> dict[str, Any]:
         targets = {redact(url): url for url in options.targets} or defaults  # label: URL
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with RichProgressBar(*columns, transient=True) as bar:
-            results = asyncio.run(_run_all(targets, plan, _RichProgress(bar)))
+            if isinstance(plan, LatencyPlan):
+                results = asyncio.run(_run_latency(targets, plan, _RichProgress(bar)))
+            else:
+                results = asyncio.run(_run_all(targets, plan, _RichProgress(bar)))
     return _document(argv, plan, results, time.perf_counter() - started)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``kvstores bench`` with ``argv`` (default: sys.argv[1:]); return the exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    options = _parser().parse_args(argv)
+    parser = _parser()
+    options = parser.parse_args(argv)
+    if options.batching_latency is not None and not options.targets and not options.load:
+        parser.error("--batching-latency needs the URLs of networked stores (redis://, postgresql://...)")
     # py-key-value warns that its MongoDB store's API is unstable, on every use: noise here
     warnings.filterwarnings("ignore", message="A configured store is unstable", category=UserWarning)
     if options.load:

@@ -4,6 +4,8 @@ BENCHMARKS.md keeps its prose by hand; its tables are generated. Each generated 
 between ``<!-- kvstores bench: NAME -->`` and ``<!-- /kvstores bench: NAME -->`` (NAME is one
 of :data:`SECTIONS`), and :func:`update_markdown` rewrites what is between them from a results
 document, e.g. ``kvstores bench --load benchmarks/results/bench.json --markdown benchmarks/BENCHMARKS.md``.
+A document fills the sections of its kind only: a ``--batching-latency`` run's the
+``batching-latency`` section (its rows and its targets), any other run's the others.
 """
 
 from __future__ import annotations
@@ -13,11 +15,24 @@ from pathlib import Path
 from typing import Any
 
 from kvstores._optional import missing_extra
+from kvstores.bench._run import BATCHING_OFF
 from kvstores.bench._scenarios import size_label
 
 __all__ = ["SECTIONS", "markdown_sections", "misses", "plot", "print_tables", "update_markdown"]
 
 _COLUMNS = ("operation", "value", "tasks", "ops/s", "p50 µs", "p99 µs", "cpu µs")
+_BATCHING_COLUMNS = (
+    "operation",
+    "callers",
+    "collections",
+    "on p50 ms",
+    "off p50 ms",
+    "on/off p50",
+    "on p99 ms",
+    "off p99 ms",
+    "on/off p99",
+)
+_BATCHING = "batching"  # the group of the batching-through-latency rows
 _TEXT = frozenset({"worst row", "met"})
 
 
@@ -35,6 +50,22 @@ def _cells(row: dict[str, Any], baselines: list[str]) -> list[str]:
     cpu = f"{ours['cpu_us']:,.1f}" if "cpu_us" in ours else ""
     ratios = [f"{row['ratios'][b]:.2f}x" if b in row["ratios"] else "" for b in baselines]
     return [*cells, *figures, cpu, *ratios]
+
+
+def _batching_cells(row: dict[str, Any]) -> list[str]:
+    """A batching-through-latency row under :data:`_BATCHING_COLUMNS`: round times, on ÷ off."""
+    cells = [str(row["operation"]), str(row["concurrency"]), str(row["collections"])]
+    if "skipped" in row:
+        return [*cells, f"skipped: {row['skipped']}", *[""] * (len(_BATCHING_COLUMNS) - 4)]
+    on, off = row["contenders"]["kvstores"], row["contenders"][BATCHING_OFF]
+    for metric in ("p50_us", "p99_us"):
+        cells += [f"{on[metric] / 1e3:,.1f}", f"{off[metric] / 1e3:,.1f}", f"{on[metric] / off[metric]:.2f}"]
+    return cells
+
+
+def _split(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the batching-through-latency rows, the others)."""
+    return [row for row in rows if row["group"] == _BATCHING], [row for row in rows if row["group"] != _BATCHING]
 
 
 def _by_url(rows: list[dict[str, Any]]) -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
@@ -61,7 +92,8 @@ def misses(targets: list[dict[str, Any]]) -> list[str]:
         else:
             worst = f"worst {_ratio(result['worst_ratio'])} ({result['worst_row']})"
             got = f"median {_ratio(result['median_ratio'])}, {worst}"
-        lines.append(f"{result['target']} on {result['url']}: needs >= {result['minimum']}x, {got}")
+        needs = f"needs >= {result['minimum']}x{' in every row' if result.get('every_row') else ''}"
+        lines.append(f"{result['target']} on {result['url']}: {needs}, {got}")
     return lines
 
 
@@ -80,12 +112,21 @@ def print_tables(rows: list[dict[str, Any]], targets: list[dict[str, Any]]) -> N
     from rich.table import Table
 
     console = _console()
+    latency, rows = _split(rows)
     for url, (mine, baselines) in _by_url(rows).items():
         table = Table(title=f"kvstores bench {url}", title_justify="left")
         for column in (*_COLUMNS, *(f"vs {b}" for b in baselines)):
             table.add_column(column, justify="left" if column == "operation" else "right")
         for row in mine:
             table.add_row(*(escape(cell) for cell in _cells(row, baselines)))
+        console.print(table)
+    for url, (mine, _) in _by_url(latency).items():
+        title = f"kvstores bench --batching-latency {url} (round times; on/off above 1: batching on is slower)"
+        table = Table(title=title, title_justify="left")
+        for column in _BATCHING_COLUMNS:
+            table.add_column(column, justify="left" if column == "operation" else "right")
+        for row in mine:
+            table.add_row(*(escape(cell) for cell in _batching_cells(row)))
         console.print(table)
     if not targets:
         return
@@ -114,7 +155,7 @@ def _table(header: list[str], lines: list[list[str]], text_columns: int) -> str:
     return "\n".join("| " + " | ".join(cells) + " |" for cells in (header, rule, *lines))
 
 
-def _targets_markdown(targets: list[dict[str, Any]]) -> str:
+def _targets_markdown(targets: list[dict[str, Any]], missed_intro: str = "Missed (see the profiles below):") -> str:
     if not targets:
         return "No targets were measured (run with `--compare`)."
     lines = [
@@ -134,7 +175,7 @@ def _targets_markdown(targets: list[dict[str, Any]]) -> str:
     text = _table(header, lines, 2)
     missed = misses(targets)
     if missed:
-        text += "\n\nMissed (see the profiles below):\n\n" + "\n".join(f"- {line}" for line in missed)
+        text += f"\n\n{missed_intro}\n\n" + "\n".join(f"- {line}" for line in missed)
     return text
 
 
@@ -169,27 +210,43 @@ def _concurrency_markdown(points: list[dict[str, Any]]) -> str:
     return "\n\n".join(parts)
 
 
+def _batching_markdown(rows: list[dict[str, Any]], targets: list[dict[str, Any]]) -> str:
+    parts = []
+    for url, (mine, _) in _by_url(rows).items():
+        cells = [[cell.replace("|", "\\|") for cell in _batching_cells(row)] for row in mine]
+        parts.append(f"#### `{url}`\n\n" + _table(list(_BATCHING_COLUMNS), cells, 1))
+    judged = _targets_markdown(targets, "Missed:") if targets else "No target was judged (no row was measured)."
+    return "\n\n".join([*parts, judged])
+
+
 def markdown_sections(document: dict[str, Any]) -> dict[str, str]:
-    """BENCHMARKS.md's generated sections, by name, from a results document."""
-    return {
-        "targets": _targets_markdown(document["targets"]),
-        "results": _results_markdown(document["rows"]),
-        "concurrency": _concurrency_markdown(document.get("scaling", {}).get("concurrency", [])),
-    }
+    """BENCHMARKS.md's generated sections that ``document`` fills, by name."""
+    latency, rows = _split(document["rows"])
+    batching_targets = [result for result in document["targets"] if result.get("group") == _BATCHING]
+    sections = {}
+    if rows or not latency:
+        sections = {
+            "targets": _targets_markdown([result for result in document["targets"] if result not in batching_targets]),
+            "results": _results_markdown(rows),
+            "concurrency": _concurrency_markdown(document.get("scaling", {}).get("concurrency", [])),
+        }
+    if latency:
+        sections["batching-latency"] = _batching_markdown(latency, batching_targets)
+    return sections
 
 
-SECTIONS = ("targets", "results", "concurrency")
+SECTIONS = ("targets", "results", "concurrency", "batching-latency")
 """The names of the generated sections, in page order."""
 
 
 def update_markdown(path: Path, document: dict[str, Any]) -> None:
-    """Rewrite the generated sections of ``path`` from ``document`` (a new file holds just the sections)."""
+    """Rewrite the generated sections of ``path`` that ``document`` fills (a new file holds just those)."""
     sections = markdown_sections(document)
     if not path.exists():
-        path.write_text("\n\n".join(_marked(name, sections[name]) for name in SECTIONS) + "\n")
+        path.write_text("\n\n".join(_marked(name, sections[name]) for name in SECTIONS if name in sections) + "\n")
         return
     text = path.read_text()
-    for name in SECTIONS:
+    for name in (name for name in SECTIONS if name in sections):
         pattern = re.compile(rf"<!-- kvstores bench: {name} -->\n.*?<!-- /kvstores bench: {name} -->", re.DOTALL)
         marked = _marked(name, sections[name])
         text, found = pattern.subn(marked.replace("\\", "\\\\"), text)  # the body taken literally
@@ -292,10 +349,16 @@ def _sibling(path: Path, name: str) -> Path:
 
 
 def plot(rows: list[dict[str, Any]], scaling: dict[str, list[dict[str, Any]]], path: Path) -> list[Path]:
-    """Write the bar chart to ``path`` and, after a scaling run, one chart per sweep beside it."""
+    """Write the bar chart to ``path`` and, after a scaling run, one chart per sweep beside it.
+
+    The batching-through-latency rows have no chart (their tables say it all).
+    """
     plt = _pyplot()
-    written = [path]
-    _bars(plt, rows, path)
+    written = []
+    rows = _split(rows)[1]
+    if rows:
+        _bars(plt, rows, path)
+        written.append(path)
     charts = (
         ("collection_size", "keys", "p50_us", "p50 latency against collection size (100 B values, 1 task)"),
         ("value_size", "value_bytes", "p50_us", "p50 latency against value size (1 task)"),

@@ -20,13 +20,19 @@ from kvstores._urls import redact_text
 from kvstores.bench._baselines import baselines, family
 from kvstores.bench._measure import RowSkipped, Scenario, Settings, measure
 from kvstores.bench._otel import otel_contenders
+from kvstores.bench._proxy import LatencyProxy, proxy_target, through
 from kvstores.bench._scenarios import (
     ATOMIC_VALUE_BYTES,
+    BATCHING_COLLECTION,
+    BATCHING_OPERATIONS,
+    BATCHING_VALUE_BYTES,
     COLLECTION,
     EVENT_COLLECTION,
     SCALE_COLLECTION,
     append_at_length,
     atomic_scenarios,
+    batching_keys,
+    batching_scenario,
     event_scenarios,
     full_stream,
     key_space,
@@ -36,7 +42,7 @@ from kvstores.bench._scenarios import (
 )
 from kvstores.registry import open_store
 
-__all__ = ["Plan", "Progress", "run_target"]
+__all__ = ["BATCHING_OFF", "LatencyPlan", "Plan", "Progress", "run_batching_latency", "run_target"]
 
 _FASTMCP_COLLECTIONS = ("fastmcp_events", "fastmcp_streams")  # where fastmcp's EventStore writes
 _LOAD_BYTES = 8_000_000  # data per put_many call while populating
@@ -61,6 +67,21 @@ class Plan:
     scaling_value_sizes: tuple[int, ...] = ()
     scaling_concurrencies: tuple[int, ...] = ()
     """Concurrent tasks of the concurrency sweep (every contender, get and put of 100 B)."""
+
+
+@dataclass(frozen=True)
+class LatencyPlan:
+    """The batching-through-latency run: batching on against off, through a loopback proxy adding ``delay_seconds``."""
+
+    delay_seconds: float
+    """Added to every chunk in each direction (a round trip gains twice as much)."""
+    callers: tuple[int, ...]
+    """Concurrent calls per round."""
+    collections: tuple[int, ...]
+    """Collections a round's calls are spread over."""
+    settings: Settings
+    budget_seconds: float
+    """Wall-clock cap of the whole run: rows that would start later are skipped and say so."""
 
 
 class Progress:
@@ -95,10 +116,19 @@ def _describe(target: _Target, group: str, scenario: Scenario) -> dict[str, Any]
 
 
 async def _row(
-    target: _Target, group: str, scenario: Scenario, subjects: dict[str, Any], plan: Plan, progress: Progress
+    target: _Target,
+    group: str,
+    scenario: Scenario,
+    subjects: dict[str, Any],
+    plan: Plan | LatencyPlan,
+    progress: Progress,
+    **described: Any,
 ) -> dict[str, Any]:
-    """Measure one scenario; the row holds each contender's figures and ours/baseline ratios."""
-    row = _describe(target, group, scenario)
+    """Measure one scenario; the row holds each contender's figures and ours/baseline ratios.
+
+    ``described`` adds to (or overrides) the row's description, e.g. ``collections=4``.
+    """
+    row = {**_describe(target, group, scenario), **described}
     try:
         stats = await measure(scenario, subjects, plan.settings, progress.tick)
     except RowSkipped as exc:
@@ -378,3 +408,86 @@ async def run_target(
         if "skipped" in row:  # the reason quotes an exception: a driver's may hold the URL's secrets
             row["skipped"] = redact_text(row["skipped"], url)
     return rows, scaling
+
+
+BATCHING_OFF = "batching off"
+"""The contender of the batching-through-latency rows that is the same store opened with
+``batching=False`` (the store with batching on is ``kvstores``, as in every row)."""
+
+
+def _batching_scenarios(plan: LatencyPlan) -> list[tuple[dict[str, int], Scenario]]:
+    """(the row's callers and collections, its scenario) of every batching-through-latency row."""
+    return [
+        ({"concurrency": callers, "collections": count}, batching_scenario(operation, callers, count))
+        for callers in plan.callers
+        for count in plan.collections
+        for operation in BATCHING_OPERATIONS
+    ]
+
+
+async def _populate_batching(store: Any, plan: LatencyPlan) -> None:
+    """Write the keys the rounds read: every (collection, key) of the largest round at each spread."""
+    value = value_of(BATCHING_VALUE_BYTES)
+    keys_by_collection: dict[str, set[str]] = {}
+    for count in plan.collections:
+        for collection, key in batching_keys(max(plan.callers), count):
+            keys_by_collection.setdefault(collection, set()).add(key)
+    for collection, keys in keys_by_collection.items():
+        await store.put_many(sorted(keys), [value] * len(keys), collection=collection)
+
+
+async def _proxied_rows(
+    target: _Target, url: str, upstream: tuple[str, int], plan: LatencyPlan, deadline: float, progress: Progress
+) -> list[dict[str, Any]]:
+    scenarios = _batching_scenarios(plan)
+    rows = []
+    with LatencyProxy(*upstream, plan.delay_seconds) as proxy:
+        proxied = through(url, proxy.port)
+        subjects = {"kvstores": open_store(proxied, batching=True), BATCHING_OFF: open_store(proxied, batching=False)}
+        try:
+            ticks = len(scenarios) * len(subjects) * (plan.settings.rounds + 1)
+            progress.start(f"{target.label} batching, +{plan.delay_seconds * 1e3:g} ms each way", ticks)
+            for shape, scenario in scenarios:
+                if time.monotonic() < deadline:
+                    rows.append(await _row(target, "batching", scenario, subjects, plan, progress, **shape))
+                else:
+                    cap = f"the run's wall-clock cap ({plan.budget_seconds:g} s) was reached"
+                    rows.append({**_describe(target, "batching", scenario), **shape, "skipped": cap})
+        finally:
+            for subject in subjects.values():
+                await subject.aclose()
+    return rows
+
+
+async def run_batching_latency(
+    label: str, url: str, plan: LatencyPlan, deadline: float, progress: Progress
+) -> list[dict[str, Any]]:
+    """The batching-through-latency rows of the store at ``url`` (shown as ``label``).
+
+    A :class:`~kvstores.bench._proxy.LatencyProxy` stands in front of the URL's server; the store
+    is opened through it twice, batching on (``kvstores``) and off (:data:`BATCHING_OFF`), and
+    both run the same rounds, interleaved. Every row is skipped, saying why, when the URL names
+    no single TCP server (memory, SQLite, a Redis Cluster...); rows that would start after
+    ``deadline`` (``time.monotonic()``) are skipped too.
+    """
+    direct: Any = open_store(url)
+    target = _Target(label, family(url), type(direct).__name__)
+    upstream = proxy_target(url)
+    try:
+        if isinstance(upstream, str):
+            reason = f"no latency to add: {upstream}"
+            return [
+                {**_describe(target, "batching", scenario), **shape, "skipped": reason}
+                for shape, scenario in _batching_scenarios(plan)
+            ]
+        await _populate_batching(direct, plan)
+        rows = await _proxied_rows(target, url, upstream, plan, deadline, progress)
+    finally:
+        if not isinstance(upstream, str):
+            for count in range(max(plan.collections)):
+                await direct.destroy_collection(f"{BATCHING_COLLECTION}{count}")
+        await direct.aclose()
+    for row in rows:
+        if "skipped" in row:  # the reason quotes an exception: a driver's may hold the URL's secrets
+            row["skipped"] = redact_text(row["skipped"], url)
+    return rows

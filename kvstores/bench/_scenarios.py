@@ -22,10 +22,17 @@ on one stream; ``replay`` replays a 100-event stream after its first event (99 e
 sent to a callback that drops them); ``append@N`` appends to a stream that holds N events
 and is capped at N (so it stays at N: each append also drops the oldest event), which shows
 how the cost of an append grows with the stream.
+
+Batching-through-latency scenarios (``kvstores bench --batching-latency``): one call is a
+*round* of C concurrent ``get`` (or ``put``) calls of 100 B values, gathered, call ``j`` on key
+``k{j // K}`` of collection ``kvbench_batching{j % K}``: C distinct keys spread evenly over K
+collections (:data:`BATCHING_COLLECTION` + index), populated beforehand. A row's latencies are
+therefore round times, and its ops/s rounds per second.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import Any
 
@@ -34,6 +41,9 @@ from kvstores.bench._measure import Scenario
 __all__ = [
     "ATOMIC_OPERATIONS",
     "BATCH",
+    "BATCHING_COLLECTION",
+    "BATCHING_OPERATIONS",
+    "BATCHING_VALUE_BYTES",
     "BULK_OPERATIONS",
     "COLLECTION",
     "EVENT_COLLECTION",
@@ -42,6 +52,8 @@ __all__ = [
     "SINGLE_OPERATIONS",
     "append_at_length",
     "atomic_scenarios",
+    "batching_keys",
+    "batching_scenario",
     "event_scenarios",
     "full_stream",
     "key_space",
@@ -59,6 +71,15 @@ EVENT_COLLECTION = "kvbench_events"
 
 SCALE_COLLECTION = "kvbench_scale"
 """The collection the collection-size sweep fills."""
+
+BATCHING_COLLECTION = "kvbench_batching"
+"""Prefix of the collections the batching-through-latency rounds spread over (``kvbench_batching0``...)."""
+
+BATCHING_OPERATIONS = ("get", "put")
+"""The operations of the batching-through-latency rows, in report order."""
+
+BATCHING_VALUE_BYTES = 100
+"""Value size of the batching-through-latency rows."""
 
 BATCH = 100
 """Keys per bulk call."""
@@ -181,6 +202,25 @@ def atomic_scenarios(concurrency: int) -> list[Scenario]:
             Scenario("update", size, 1, lambda s, i: s.update(names[i % len(names)], replace, collection=COLLECTION))
         )
     return scenarios
+
+
+def batching_keys(callers: int, collections: int) -> list[tuple[str, str]]:
+    """The (collection, key) of each call of a round of ``callers`` calls over ``collections`` collections."""
+    return [(f"{BATCHING_COLLECTION}{j % collections}", f"k{j // collections}") for j in range(callers)]
+
+
+def batching_scenario(operation: str, callers: int, collections: int) -> Scenario:
+    """One round of ``callers`` concurrent gets or puts (``operation``) spread over ``collections`` collections."""
+    value = value_of(BATCHING_VALUE_BYTES)
+    calls = batching_keys(callers, collections)
+
+    async def gets(store: Any, index: int) -> None:
+        await asyncio.gather(*(store.get(key, collection=collection) for collection, key in calls))
+
+    async def puts(store: Any, index: int) -> None:
+        await asyncio.gather(*(store.put(key, value, collection=collection) for collection, key in calls))
+
+    return Scenario(operation, BATCHING_VALUE_BYTES, 1, gets if operation == "get" else puts)
 
 
 def _message() -> Any:
