@@ -154,7 +154,7 @@ def test_markdown_sections_are_rewritten_in_place(tmp_path: Path) -> None:
 def test_batching_latency_runs_through_the_proxy(backend: Backend, namespace: str, tmp_path: Path) -> None:
     url = f"redis://127.0.0.1:6379/15?prefix={namespace}"
     shape = ("--callers", "1,4", "--collections", "1,2")
-    document = _bench("--rounds", "1", "--batching-latency", "2", *shape, url, "memory://", cwd=tmp_path)
+    document = _bench("--rounds", "1", "--batching-latency", "--latency", "2", *shape, url, "memory://", cwd=tmp_path)
     assert document["settings"]["batching_latency"]["delay_ms_each_way"] == 2.0
     redis_rows = [row for row in document["rows"] if row["backend"] == "redis"]
     assert {(row["operation"], row["concurrency"], row["collections"]) for row in redis_rows} == {

@@ -1,8 +1,8 @@
 """``kvstores bench``: measure stores side by side with their raw drivers and py-key-value-aio.
 
 Usage: ``kvstores bench [TARGET ...] [--compare] [--quick] [--scaling] [--json FILE] [--plot FILE.png]
-[--markdown FILE.md]`` or ``kvstores bench --batching-latency [MS] TARGET ...`` (``python -m
-kvstores.bench ...`` is the same command).
+[--markdown FILE.md]`` or ``kvstores bench --batching-latency [--latency MS] TARGET ...``
+(``python -m kvstores.bench ...`` is the same command).
 
 TARGET is any store URL; the default is ``memory://`` and a temporary SQLite file. Each
 target runs get, put, put with TTL, ttl, and get_many/put_many/delete_many of 100 keys, at
@@ -19,8 +19,8 @@ collection size, value size and concurrency (1 to 256 tasks, every contender); `
 [BACKENDS]`` adds the 1M-key memory/SQLite and 100k-key Redis/MongoDB points, which take
 minutes to load. ``--quick`` runs 100 B values only, in shorter rounds.
 
-``--batching-latency [MS]`` measures something else instead: for each networked TARGET, a
-loopback proxy adding MS ms (default 10) to every chunk in each direction stands in front of
+``--batching-latency`` measures something else instead: for each networked TARGET, a
+loopback proxy adding ``--latency`` ms (default 10) to every chunk in each direction stands in front of
 its server (:mod:`kvstores.bench._proxy`), the store is opened through it with batching on and
 with batching off, and both run rounds of C concurrent gets (and puts) spread over K
 collections (``--callers``, default 1,64; ``--collections``, default 1,4,32), interleaved; each
@@ -138,11 +138,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--batching-latency",
-        nargs="?",
-        const=10.0,
-        type=float,
-        metavar="MS",
-        help="instead: batching on vs off through a proxy adding MS ms each way (default 10), networked TARGETs",
+        action="store_true",
+        help="instead: batching on vs off through a latency-adding proxy, for networked TARGETs",
+    )
+    parser.add_argument(
+        "--latency", type=float, default=10.0, metavar="MS", help="--batching-latency: ms added each way (default 10)"
     )
     parser.add_argument(
         "--callers", type=_lengths, default=(1, 64), metavar="N,N,...", help="--batching-latency: calls per round"
@@ -202,7 +202,7 @@ def _latency_plan(options: argparse.Namespace) -> LatencyPlan:
     settings, budget = _LATENCY_QUICK if options.quick else _LATENCY_FULL
     if options.rounds:
         settings = Settings(options.rounds, settings.slice_seconds, settings.max_batch_seconds)
-    return LatencyPlan(options.batching_latency / 1e3, options.callers, options.collections, settings, budget)
+    return LatencyPlan(options.latency / 1e3, options.callers, options.collections, settings, budget)
 
 
 async def _run_latency(targets: dict[str, str], plan: LatencyPlan, progress: Progress) -> dict[str, Any]:
@@ -275,7 +275,7 @@ def _document(argv: list[str], plan: Plan | LatencyPlan, results: dict[str, Any]
 
 def _measure(argv: list[str], options: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark ``options`` describe; return the results document."""
-    plan = _latency_plan(options) if options.batching_latency is not None else _plan(options)
+    plan = _latency_plan(options) if options.batching_latency else _plan(options)
     try:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as RichProgressBar
@@ -299,8 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = _parser()
     options = parser.parse_args(argv)
-    if options.batching_latency is not None and not options.targets and not options.load:
-        parser.error("--batching-latency needs the URLs of networked stores (redis://, postgresql://...)")
+    if options.batching_latency:
+        if not options.targets and not options.load:
+            parser.error("--batching-latency needs the URLs of networked stores (redis://, postgresql://...)")
+        if options.latency < 0 or not options.callers or not options.collections:
+            parser.error("--batching-latency needs --latency >= 0 and numbers in --callers and --collections")
+        if min(options.callers + options.collections) < 1:
+            parser.error("--callers and --collections take numbers >= 1")
     # py-key-value warns that its MongoDB store's API is unstable, on every use: noise here
     warnings.filterwarnings("ignore", message="A configured store is unstable", category=UserWarning)
     if options.load:
