@@ -53,6 +53,7 @@ with the SDK's own example store. Wrap the store per session to isolate them.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import itertools
 import logging
@@ -61,17 +62,20 @@ import re
 import secrets
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import get_args
+from typing import Any, get_args
 
 import anyio
 
 from kvstores._optional import missing_extra
 from kvstores.protocol import AsyncKeyValue
+from kvstores.signals import SignalChannel
+from kvstores.signals import channel as signals_channel
 
 try:
-    from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
-    from mcp.types import JSONRPCMessage
+    from mcp.server.streamable_http import GET_STREAM_KEY, EventCallback, EventId, EventMessage, EventStore, StreamId
+    from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCMessage, JSONRPCResponse
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("mcp", "mcp") from exc
 
@@ -81,8 +85,13 @@ __all__ = [
     "DEFAULT_MAX_STREAMS",
     "DEFAULT_TTL",
     "EVENTS_COLLECTION",
+    "FOLLOW_POLL",
     "HANDOVER_TIMEOUT",
     "InMemoryEventStore",
+    "LEASE_REFRESH",
+    "LEASE_TTL",
+    "SIGNALS",
+    "STOPPED_MESSAGE",
     "StoreEventStore",
 ]
 
@@ -103,6 +112,21 @@ HANDOVER_TIMEOUT = 1.0
 
 EVENTS_COLLECTION = "kvstores_events"
 """The collection :class:`StoreEventStore` writes to by default (not the store's default collection)."""
+
+LEASE_TTL = 3.0
+"""Seconds a live :class:`StoreEventStore`'s lease outlives its last refresh: how long a dead runner looks alive."""
+
+LEASE_REFRESH = 1.0
+"""Seconds between two refreshes of that lease while the process runs requests."""
+
+FOLLOW_POLL = 0.5
+"""Seconds between a follower's reads of the store when no signal wakes it (a signal may be lost)."""
+
+STOPPED_MESSAGE = "The server processing this request stopped before it answered; call again"
+"""The JSON-RPC error message a follower sends for a request whose runner's lease lapsed."""
+
+SIGNALS = "events"
+"""The signal channel (kvstores.signals) on which a live StoreEventStore names each stream it appended to."""
 
 logger = logging.getLogger("kvstores.events")
 
@@ -383,6 +407,31 @@ class StoreEventStore(EventStore):
     then debug messages until the store answers again); ``store_event`` still returns an
     id and replay returns None. ``timeout`` defaults to None, which relies on the store's
     own timeout (every kvstores backend has one); set it for a store that might hang.
+
+    Live streams (``live=True``; :func:`kvstores.sessions.http_app` turns it on): replicas
+    on one store follow each other's streams. The process that appends:
+
+    - names each stream it appended to on the signal channel :data:`SIGNALS` of the store
+      (:mod:`kvstores.signals`; the message is the stream's token, publishes coalesced,
+      never awaited by ``store_event``);
+    - keeps a lease, ``"replica:<id>"`` in ``collection``, while it has request streams
+      without a final response: a ``put`` with a :data:`LEASE_TTL` TTL every
+      :data:`LEASE_REFRESH` seconds (one per process, whatever the number of streams); each
+      entry it writes names its replica.
+
+    :meth:`follow_events_after` is the replay that goes on: on a process that does not append
+    to the stream, it sends what the store holds after the id, then keeps reading the store
+    by sequence number whenever the stream is signalled, after a GAP, and every
+    :data:`FOLLOW_POLL` seconds in any case, and sends each later event in order, once, until
+    the stream's final response (a JSON-RPC response or error) has gone out. The store stays
+    the source of truth: a lost signal delays an event, never drops or repeats it. A
+    follower holds one read window (at most 16 events) at a time. When the runner's lease
+    has lapsed and the stream has no final response, the follower answers the request with
+    a JSON-RPC error (-32603, :data:`STOPPED_MESSAGE`) within :data:`LEASE_TTL` + 1 s of the
+    runner's death; when events of the stream were lost (the ring lapped, or an event the
+    store failed to keep) it answers likewise rather than skip them. Either way the
+    response ends there. A request's id is its stream id (an int when it is all digits).
+    The SDK's GET stream is replayed, not followed: it never ends.
     """
 
     def __init__(
@@ -395,6 +444,7 @@ class StoreEventStore(EventStore):
         ttl: float = DEFAULT_TTL,
         timeout: float | None = None,
         cache_events_per_stream: int = DEFAULT_CACHE_EVENTS_PER_STREAM,
+        live: bool = False,
     ) -> None:
         self.store = store
         self.collection = collection
@@ -406,6 +456,18 @@ class StoreEventStore(EventStore):
             _positive_int("cache_events_per_stream", cache_events_per_stream, minimum=0),
         )
         self._failing = False
+        self.live = live
+        """True: signal each stored event and keep a lease while requests run, so other processes follow."""
+        self.replica = secrets.token_hex(8)
+        """This object's name in its entries and its lease key."""
+        self._open: set[str] = set()  # tokens of request streams appended here that have no final response yet
+        self._lease: asyncio.Task[None] | None = None
+        self._unsignalled: set[str] = set()  # tokens to name on the channel
+        self._publisher: asyncio.Task[None] | None = None
+        self._no_channel = False
+        self._followers: dict[str, set[_Follower]] = {}
+        self._unlisten: Callable[[], None] | None = None
+        self._listen_lock = anyio.Lock()
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
         """Append ``message`` (None: a priming event) to ``stream_id``; return its id, even if the store failed."""
@@ -413,11 +475,17 @@ class StoreEventStore(EventStore):
         stream = self._streams.touch(stream_id, now)
         seq = stream.next_seq
         stream.next_seq = seq + 1
-        entry = {"seq": seq, "stream": stream_id, "message": None}
+        entry: dict[str, object] = {"seq": seq, "stream": stream_id, "message": None}
         if message is not None:
             entry.update(
                 kind=type(message).__name__, message=message.model_dump_json(by_alias=True, exclude_unset=True)
             )
+        final = isinstance(message, (JSONRPCResponse, JSONRPCError))
+        if self.live:
+            entry["replica"] = self.replica
+            if not final and not _is_get_stream(stream_id):
+                self._open.add(stream.token)
+                self._keep_lease()
         stream.events.append((seq, now, _Slot.WRITING))
         stream.in_flight.add(seq)
         written = False
@@ -425,11 +493,47 @@ class StoreEventStore(EventStore):
             written = await self._write(stream.token, seq, entry)
         finally:
             stream.settle(seq, message if written else _Slot.LOST)
+        if self.live:
+            if final:
+                self._open.discard(stream.token)
+            if written:
+                self._signal(stream.token)
         await stream.stored(seq, message)
         return _event_id(stream.token, seq)
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
         """Send every later non-priming event of ``last_event_id``'s stream; return the stream id or None."""
+        return await self._replay(last_event_id, send_callback, "")
+
+    async def follow_events_after(
+        self, last_event_id: EventId, send_callback: EventCallback, *, stream_prefix: str = ""
+    ) -> StreamId | None:
+        """Replay, then go on sending the stream's events as any process stores them, until its final response.
+
+        Only streams whose id starts with ``stream_prefix`` are sent (a session's view). A stream
+        this process appends to is replayed and its stream id returned: the transport sends
+        what follows live. A followed stream returns None once its last event went out (the
+        response then ends); so does an unknown id, having sent nothing.
+        """
+        parsed = _parse_event_id(last_event_id)
+        if parsed is None:
+            return None
+        token, anchor = parsed
+        if token in self._streams.by_token:
+            return await self._replay(last_event_id, send_callback, stream_prefix)
+        follower = _Follower()
+        self._followers.setdefault(token, set()).add(follower)
+        try:
+            await self._listen()
+            return await self._follow(follower, token, anchor, send_callback, stream_prefix)
+        finally:
+            followers = self._followers.get(token)
+            if followers is not None:
+                followers.discard(follower)
+                if not followers:
+                    del self._followers[token]
+
+    async def _replay(self, last_event_id: EventId, send_callback: EventCallback, prefix: str) -> StreamId | None:
         parsed = _parse_event_id(last_event_id)
         if parsed is None:
             return None
@@ -449,13 +553,158 @@ class StoreEventStore(EventStore):
                 self._failed("replay events", exc)
             else:
                 self._answered()
-        if found is None:
+        if found is None or not found[0].startswith(prefix):
             if stream is not None and replay is not None:
                 stream.abandon(replay)
             return None
         stream_id, later = found
         await _send(stream, replay, token, later, send_callback)
         return stream_id
+
+    async def _follow(
+        self, follower: _Follower, token: str, anchor: int, send_callback: EventCallback, prefix: str
+    ) -> StreamId | None:
+        """Send the events after ``anchor`` of a stream another process appends to, as they come, to its end."""
+        read = await self._read(token, anchor, None)
+        if read is None:
+            return None
+        entries, _ = read
+        first = entries[0]
+        if first is None or first.get("seq") != anchor or not str(first.get("stream")).startswith(prefix):
+            return None
+        stream_id = str(first["stream"])
+        replica = first.get("replica")
+        if not isinstance(replica, str) or _is_get_stream(stream_id) or _is_final(first):
+            # Not a request another live process runs: what the store holds is all there is to send.
+            return await self._replay(_event_id(token, anchor), send_callback, prefix)
+        request_id = _request_id(stream_id[len(prefix) :])
+        start, pending, lease_seen = anchor + 1, entries[1:], True
+        unleased_since: float | None = None
+        hole_since: float | None = None
+        poll = FOLLOW_POLL if self._unlisten is not None else FOLLOW_POLL / 5
+        while True:
+            try:
+                taken, status = _take(pending, start)
+            except (ValueError, KeyError) as exc:  # an entry that does not decode
+                logger.warning("event store could not follow a stream (%r); ending its response", exc)
+                status, taken = _Follow.LOST, []
+            for seq, message in taken:
+                if message is not None:
+                    await send_callback(EventMessage(message, _event_id(token, seq)))
+            start += len(taken)
+            now = time.monotonic()
+            if status is _Follow.HOLE:
+                hole_since = hole_since or now
+                if now - hole_since > _HOLE_GRACE:
+                    status = _Follow.LOST
+            else:
+                hole_since = None
+            if status is _Follow.FINAL:
+                return None
+            if status is _Follow.LOST:
+                logger.warning("events of a followed stream were lost; answering its request with an error")
+                await send_callback(EventMessage(_error(request_id, _LOST_MESSAGE)))
+                return None
+            unleased_since = None if lease_seen or taken else unleased_since or now
+            if unleased_since is not None and now - unleased_since >= _LEASE_GRACE:
+                logger.info("the process running a followed request stopped; answering it with an error")
+                await send_callback(EventMessage(_error(request_id, STOPPED_MESSAGE)))
+                return None
+            if status is not _Follow.MORE:
+                with anyio.move_on_after(poll):
+                    await follower.wake.wait()
+            follower.wake = anyio.Event()
+            read = await self._read(token, start, replica)
+            if read is None:
+                pending, lease_seen = [], True  # the store is failing: no verdict on the lease either
+            else:
+                pending, lease_seen = read
+
+    async def _read(
+        self, token: str, start: int, replica: str | None
+    ) -> tuple[list[dict[str, Any] | None], bool] | None:
+        """One round trip: the ring entries from ``start`` on (a window) and whether ``replica``'s lease is held."""
+        window = min(self._streams.max_events, _FOLLOW_WINDOW)
+        keys = [self._key(token, seq) for seq in range(start, start + window)]
+        if replica is not None:
+            keys.append(_lease_key(replica))
+        try:
+            with self._deadline():
+                entries = await self.store.get_many(keys, collection=self.collection)
+        except Exception as exc:
+            self._failed("follow a stream", exc)
+            return None
+        self._answered()
+        if replica is None:
+            return entries, True
+        return entries[:-1], entries[-1] is not None
+
+    async def _listen(self) -> None:
+        """Start waking followers on this store's signals (once; without a channel, followers poll faster)."""
+        if self._unlisten is not None or self._no_channel:
+            return
+        async with self._listen_lock:
+            signals = self._channel()
+            if self._unlisten is None and signals is not None:
+                try:
+                    self._unlisten = await signals.listen(SIGNALS, self._wake, self._wake_all)
+                except Exception as exc:
+                    logger.debug("event store cannot listen to signals (%r); followers poll", exc)
+
+    def _wake(self, token: str) -> None:
+        for follower in self._followers.get(token, ()):
+            follower.wake.set()
+
+    def _wake_all(self) -> None:
+        for followers in self._followers.values():
+            for follower in followers:
+                follower.wake.set()
+
+    def _channel(self) -> SignalChannel | None:
+        """The store's signal channel, or None when the store has none (a foreign store)."""
+        if self._no_channel:
+            return None
+        try:
+            return signals_channel(self.store)
+        except TypeError:
+            self._no_channel = True
+            return None
+
+    def _signal(self, token: str) -> None:
+        """Name ``token`` on the channel soon; several events of a stream stored meanwhile share one message."""
+        if self._channel() is None:
+            return
+        self._unsignalled.add(token)
+        if self._publisher is None or self._publisher.done():
+            self._publisher = asyncio.get_running_loop().create_task(self._publish())
+
+    async def _publish(self) -> None:
+        while self._unsignalled and (signals := self._channel()) is not None:
+            token = self._unsignalled.pop()
+            try:
+                await signals.publish(SIGNALS, token)
+            except Exception as exc:
+                logger.debug("event store could not signal a stream (%r); followers poll", exc)
+
+    def _keep_lease(self) -> None:
+        if self._lease is None or self._lease.done():
+            self._lease = asyncio.get_running_loop().create_task(self._renew_lease())
+
+    async def _renew_lease(self) -> None:
+        """Refresh this process's lease while it has request streams without a final response."""
+        key = _lease_key(self.replica)
+        while True:
+            self._open.intersection_update(self._streams.by_token)  # streams evicted from memory are not run here
+            if not self._open:
+                return
+            try:
+                with self._deadline():
+                    await self.store.put(key, {"replica": self.replica}, collection=self.collection, ttl=LEASE_TTL)
+            except Exception as exc:
+                self._failed("renew its lease", exc)
+            else:
+                self._answered()
+            await asyncio.sleep(LEASE_REFRESH)
 
     async def _events_after(
         self, token: str, anchor: int, last: int | None
@@ -470,7 +719,7 @@ class StoreEventStore(EventStore):
             if entry is None or entry.get("seq") != seq or (last is not None and seq > last):
                 break  # the end of the stream, a hole that must not be skipped, or what the live stream carries
             if entry["message"] is not None:
-                later.append((seq, _MESSAGE_TYPES[entry["kind"]].model_validate_json(entry["message"])))
+                later.append((seq, _decode(entry)))
         return str(first["stream"]), later
 
     async def _write(self, token: str, seq: int, entry: dict[str, object]) -> bool:
@@ -499,3 +748,82 @@ class StoreEventStore(EventStore):
         if self._failing:
             self._failing = False
             logger.info("event store answers again; new events are resumable")
+
+
+_FOLLOW_WINDOW = 16
+"""Ring entries a follower reads per round trip (and holds at most)."""
+
+_LEASE_GRACE = 0.5
+"""Seconds a runner's lease must stay missing before a follower gives its request up (a lease put may lag)."""
+
+_HOLE_GRACE = 2.0
+"""Seconds a hole in a followed stream may last before its events count as lost (two puts may land out of order)."""
+
+_LOST_MESSAGE = "Events of this response were lost before they could be delivered; call again"
+
+_FINAL_KINDS = frozenset({JSONRPCResponse.__name__, JSONRPCError.__name__})
+
+
+class _Follower:
+    """One follow in progress: the event its stream's signals set."""
+
+    __slots__ = ("wake",)
+
+    def __init__(self) -> None:
+        self.wake = anyio.Event()
+
+
+class _Follow(enum.Enum):
+    """Where a read of a followed stream stopped."""
+
+    MORE = "more"  # the window was full: read on at once
+    WAITING = "waiting"  # the next event is not stored yet
+    FINAL = "final"  # the final response was taken
+    HOLE = "hole"  # the next event is missing but a later one is stored
+    LOST = "lost"  # the next event was overwritten (the ring lapped), or could not be decoded
+
+
+def _take(entries: list[dict[str, Any] | None], start: int) -> tuple[list[tuple[int, JSONRPCMessage | None]], _Follow]:
+    """The run of consecutive events from ``start`` among ``entries`` (read from there), and why it stopped."""
+    taken: list[tuple[int, JSONRPCMessage | None]] = []
+    for offset, entry in enumerate(entries):
+        seq = start + offset
+        found = None if entry is None else entry.get("seq")
+        if entry is not None and found == seq:
+            taken.append((seq, None if entry["message"] is None else _decode(entry)))
+            if _is_final(entry):
+                return taken, _Follow.FINAL
+            continue
+        if isinstance(found, int) and found > seq:
+            return taken, _Follow.LOST
+        later = entries[offset + 1 :]
+        if any(e is not None and e.get("seq") == seq + 1 + i for i, e in enumerate(later)):
+            return taken, _Follow.HOLE
+        return taken, _Follow.WAITING
+    return taken, _Follow.MORE
+
+
+def _decode(entry: dict[str, Any]) -> JSONRPCMessage:
+    return _MESSAGE_TYPES[entry["kind"]].model_validate_json(entry["message"])
+
+
+def _is_final(entry: dict[str, Any]) -> bool:
+    return entry.get("kind") in _FINAL_KINDS
+
+
+def _is_get_stream(stream_id: StreamId) -> bool:
+    """True for the SDK's standalone GET stream (also under a session's prefix): it carries no request."""
+    return stream_id == GET_STREAM_KEY or stream_id.endswith(":" + GET_STREAM_KEY)
+
+
+def _lease_key(replica: str) -> str:
+    return f"replica:{replica}"
+
+
+def _request_id(stream_id: StreamId) -> int | str:
+    """The JSON-RPC id of the request whose stream this is (the SDK names a request's stream ``str(id)``)."""
+    return int(stream_id) if re.fullmatch(r"-?[0-9]{1,18}", stream_id) else stream_id
+
+
+def _error(request_id: int | str, message: str) -> JSONRPCError:
+    return JSONRPCError(jsonrpc="2.0", id=request_id, error=ErrorData(code=INTERNAL_ERROR, message=message))

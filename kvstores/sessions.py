@@ -79,8 +79,11 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio
 
 from kvstores._optional import missing_extra
+from kvstores.base import BaseStore
 from kvstores.errors import DeserializationError
 from kvstores.protocol import AtomicStore
+from kvstores.signals import SignalChannel
+from kvstores.signals import channel as signals_channel
 
 try:
     import fastmcp
@@ -92,20 +95,32 @@ try:
     from mcp.server.streamable_http import (
         MCP_SESSION_ID_HEADER,
         SESSION_ID_PATTERN,
+        EventCallback,
+        EventId,
         EventStore,
         StreamableHTTPServerTransport,
+        StreamId,
     )
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
     from mcp.server.transport_security import TransportSecuritySettings
     from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
     from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
     from mcp.shared.transport_context import TransportContext
-    from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, ErrorData, InitializeRequestParams, JSONRPCError
+    from mcp_types import (
+        INTERNAL_ERROR,
+        INVALID_REQUEST,
+        ErrorData,
+        InitializeRequestParams,
+        JSONRPCError,
+        JSONRPCMessage,
+    )
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
     from pydantic import ValidationError
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
+
+    from kvstores.events import StoreEventStore
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra(getattr(exc, "name", None) or "fastmcp", "fastmcp") from exc
 
@@ -126,6 +141,7 @@ __all__ = [
     "SessionRecord",
     "SessionRecordError",
     "SessionRegistry",
+    "TERMINATIONS",
     "http_app",
 ]
 
@@ -152,6 +168,15 @@ _MAX_HANDSHAKE_BYTES = 64 * 1024
 _BOOKKEEPING_TIMEOUT = 10.0
 """Seconds shielded registry bookkeeping may take after a request before it is given up."""
 
+TERMINATIONS = "sessions"
+"""The signal channel (kvstores.signals) on which a DELETE names its session (by the SHA-256 of its id)."""
+
+_TERMINATION_POLL = 0.5
+"""Seconds between two checks of the sessions held, on a kvstores store without a signal channel."""
+
+_RECHECK_BATCH = 500
+"""Session records read per round trip when the sessions held are checked after a signal GAP."""
+
 _SDK_SESSION_ID = re.compile(r"(?<![0-9A-Za-z])[0-9a-f]{32}(?![0-9A-Za-z])")
 """A session id as the SDK makes them (``uuid4().hex``), in a line of its log."""
 
@@ -163,6 +188,11 @@ def _label(session_id: str) -> str:
     reader of the logs cannot use them (nor inject anything through a hostile id).
     """
     return "#" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def _digest(session_id: str) -> str:
+    """How a termination signal names a session: the id's SHA-256 (a signal is no place for a secret)."""
+    return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _scrubbed(exc: BaseException, session_id: str) -> str:
@@ -391,8 +421,21 @@ class DurableSessionManager(StreamableHTTPSessionManager):
         _redact_sdk_logs()
         self.registry = registry
         self.shared_event_store = event_store
+        if isinstance(event_store, StoreEventStore):
+            event_store.live = True  # replicas follow each other's streams and answer for a dead one
         self._checked: dict[str, float] = {}  # session id -> monotonic time of its last registry check
+        self._digests: dict[str, str] = {}  # _digest(id) -> id of each session held here
         self._closing = False
+
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        """The SDK manager's ``run()``, also refusing at once the sessions a DELETE ends on another process."""
+        async with super().run():
+            stop = await self._watch_terminations()
+            try:
+                yield
+            finally:
+                stop()
 
     # -- request paths -----------------------------------------------------------------
 
@@ -496,6 +539,7 @@ class DurableSessionManager(StreamableHTTPSessionManager):
             self._session_owners[session_id] = cast(AuthorizationContext, record.owner)
         self._server_instances[session_id] = transport
         self._checked[session_id] = time.monotonic()
+        self._digests[_digest(session_id)] = session_id
         client_params = _client_params(record)
 
         async def run_server(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -568,17 +612,98 @@ class DurableSessionManager(StreamableHTTPSessionManager):
             # The SDK built the transport without a store; give it this session's view.
             transport._event_store = self._events_for(transport.mcp_session_id)
             self._checked[transport.mcp_session_id] = time.monotonic()
+            self._digests[_digest(transport.mcp_session_id)] = transport.mcp_session_id
         return transport
 
     async def _discard_session(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
-        if self._server_instances.get(session_id) is transport:
+        if self._server_instances.get(session_id) in (transport, None):
             self._checked.pop(session_id, None)
+            self._digests.pop(_digest(session_id), None)
         await super()._discard_session(session_id, transport)
 
     def _events_for(self, session_id: str) -> EventStore | None:
         if self.shared_event_store is None:
             return None
+        if isinstance(self.shared_event_store, StoreEventStore):
+            return _SessionEvents(self.shared_event_store, session_id)
         return SessionScopedEventStore(self.shared_event_store, session_id)
+
+    # -- termination everywhere ----------------------------------------------------------
+
+    def _channel(self) -> SignalChannel | None:
+        """The registry store's signal channel; None for a store without one (not one of kvstores' own)."""
+        try:
+            return signals_channel(self.registry.store)
+        except TypeError:
+            return None
+
+    async def _watch_terminations(self) -> Any:
+        """Drop held sessions as other processes end them; return what stops watching."""
+        signals = self._channel()
+        if signals is not None:
+            try:
+                return await signals.listen(TERMINATIONS, self._terminated_elsewhere, self._recheck_soon)
+            except Exception as exc:
+                logger.warning("Cannot listen for session terminations (%s); polling the registry instead", exc)
+        if signals is not None or isinstance(self.registry.store, BaseStore):
+            assert self._task_group is not None
+            self._task_group.start_soon(self._poll_terminations)
+        return lambda: None
+
+    def _terminated_elsewhere(self, digest: str) -> None:
+        """A DELETE somewhere ended the session named ``digest``: if it is held here, refuse it from now on."""
+        session_id = self._digests.get(digest)
+        transport = None if session_id is None else self._server_instances.get(session_id)
+        if session_id is not None and transport is not None:
+            logger.info("Session %s was terminated on another process; closing it here", _label(session_id))
+            self._drop(session_id, transport)
+
+    def _drop(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
+        """Forget the session now (the next request reads its record: 404); end its transport in the background."""
+        self._server_instances.pop(session_id, None)
+        self._session_owners.pop(session_id, None)
+        if self._task_group is not None:
+            self._task_group.start_soon(self._discard_session, session_id, transport)
+
+    def _recheck_soon(self) -> None:
+        """Termination signals may have been lost: read the records of the sessions held."""
+        if self._task_group is not None:
+            self._task_group.start_soon(self._recheck_held)
+
+    async def _poll_terminations(self) -> None:
+        while True:
+            await anyio.sleep(_TERMINATION_POLL)
+            await self._recheck_held()
+
+    async def _recheck_held(self) -> None:
+        """Drop each held session whose record is terminated or gone (one round trip per 500 sessions)."""
+        held = list(self._server_instances)
+        for start in range(0, len(held), _RECHECK_BATCH):
+            batch = held[start : start + _RECHECK_BATCH]
+            try:
+                records = await self.registry.store.get_many(batch, collection=self.registry.collection)
+            except Exception as exc:
+                logger.warning("Could not check the sessions held against the session registry: %s", type(exc).__name__)
+                return
+            for session_id, stored in zip(batch, records):
+                transport = self._server_instances.get(session_id)
+                if transport is not None and (stored is None or stored.get("terminated") is True):
+                    logger.info("Session %s was terminated or expired elsewhere; closing it here", _label(session_id))
+                    self._drop(session_id, transport)
+
+    async def _announce_termination(self, session_id: str) -> None:
+        signals = self._channel()
+        if signals is None:
+            return
+        try:
+            await signals.publish(TERMINATIONS, _digest(session_id))
+        except Exception as exc:
+            logger.warning(
+                "Could not announce the termination of session %s (%s); processes holding it refuse it "
+                "after a signal gap or their next refresh",
+                _label(session_id),
+                _scrubbed(exc, session_id),
+            )
 
     async def _register(self, session_id: str, owner: dict[str, Any] | None, handshake: dict[str, Any] | None) -> None:
         try:
@@ -599,6 +724,8 @@ class DurableSessionManager(StreamableHTTPSessionManager):
             logger.error(
                 "Could not record the termination of session %s: %s", _label(session_id), _scrubbed(exc, session_id)
             )
+        else:
+            await self._announce_termination(session_id)
 
     async def close_sessions(self) -> None:
         """Shut down: end this process's transports gracefully, leaving every session adoptable."""
@@ -608,6 +735,25 @@ class DurableSessionManager(StreamableHTTPSessionManager):
                 await transport.terminate()
             except Exception:
                 logger.debug("Error terminating a transport on shutdown", exc_info=True)
+
+
+class _SessionEvents(EventStore):
+    """A session's view of a shared :class:`StoreEventStore`: its streams only, followed live from any process.
+
+    FastMCP's ``SessionScopedEventStore`` (same stream ids, so the two mix) holds a replay's
+    events until the replay returns; this one checks the scope first and sends as it goes.
+    """
+
+    def __init__(self, events: StoreEventStore, session_id: str) -> None:
+        self.events = events
+        self.prefix = f"{len(session_id)}:{session_id}:"
+
+    async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
+        return await self.events.store_event(self.prefix + stream_id, message)
+
+    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+        scoped = await self.events.follow_events_after(last_event_id, send_callback, stream_prefix=self.prefix)
+        return None if scoped is None else scoped[len(self.prefix) :]
 
 
 _GONE = object()
