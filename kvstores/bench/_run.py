@@ -8,6 +8,7 @@ A row is one scenario measured on every contender at once (see :mod:`kvstores.be
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import sys
@@ -449,6 +450,9 @@ async def _proxied_rows(
             progress.start(f"{target.label} batching, +{plan.delay_seconds * 1e3:g} ms each way", ticks)
             for shape, scenario in scenarios:
                 if time.monotonic() < deadline:
+                    for subject in subjects.values():  # untimed: the pools open the connections a round needs
+                        with contextlib.suppress(Exception):  # a failing round fails in the row, said there
+                            await scenario.op(subject, 0)
                     rows.append(await _row(target, "batching", scenario, subjects, plan, progress, **shape))
                 else:
                     cap = f"the run's wall-clock cap ({plan.budget_seconds:g} s) was reached"
