@@ -28,7 +28,7 @@ def proxy_target(url: str) -> tuple[str, int] | str:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in _TCP_SCHEMES:
-        return f"{scheme}:// is not one TCP server a proxy can stand in front of"
+        return f"{scheme}:// is not a plain TCP link to one server (cluster, sentinel, TLS, socket or in-process)"
     if "," in parts.netloc:
         return "the URL names several hosts"
     try:

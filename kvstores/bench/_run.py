@@ -437,6 +437,16 @@ async def _populate_batching(store: Any, plan: LatencyPlan) -> None:
         await store.put_many(sorted(keys), [value] * len(keys), collection=collection)
 
 
+async def _clean_batching(store: Any, plan: LatencyPlan, url: str) -> None:
+    """Destroy the collections the rounds used (best effort: a failure must not hide the run's own error)."""
+    try:
+        for count in range(max(plan.collections)):
+            await store.destroy_collection(f"{BATCHING_COLLECTION}{count}")
+    except Exception as exc:
+        reason = redact_text(repr(exc), url)
+        print(f"kvstores bench: could not clean up {type(store).__name__}: {reason}", file=sys.stderr)
+
+
 async def _proxied_rows(
     target: _Target, url: str, upstream: tuple[str, int], plan: LatencyPlan, deadline: float, progress: Progress
 ) -> list[dict[str, Any]]:
@@ -488,8 +498,7 @@ async def run_batching_latency(
         rows = await _proxied_rows(target, url, upstream, plan, deadline, progress)
     finally:
         if not isinstance(upstream, str):
-            for count in range(max(plan.collections)):
-                await direct.destroy_collection(f"{BATCHING_COLLECTION}{count}")
+            await _clean_batching(direct, plan, url)
         await direct.aclose()
     for row in rows:
         if "skipped" in row:  # the reason quotes an exception: a driver's may hold the URL's secrets
