@@ -9,6 +9,7 @@ serves a FastMCP server (state in the store, events in a StoreEventStore on it) 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import logging
@@ -125,7 +126,8 @@ def modern_client(url: str, *, token: str, session_id: str) -> Client[Any]:
 def build_app(
     store: Any, *, idle_ttl: float = 600, auth: bool = False, registry_store: Any = None, durable: bool = True
 ) -> Any:
-    """The server on ``store``: tools that set and read session state, and long_task (its stream drops midway).
+    """The server on ``store``: tools that set and read session state, long_task (its stream drops midway) and
+    stream_steps (a paced stream).
 
     ``registry_store`` (default ``store``) is the store passed to http_app: a wrapper that counts calls.
     ``durable=False`` serves FastMCP's own ``mcp.http_app()`` behind :class:`kvstores.sessions.SessionIdGuard`
@@ -144,6 +146,15 @@ def build_app(
             await ctx.info(f"log {step}")
             if step == DROP_AFTER:
                 await ctx.close_sse_stream()
+        return "done"
+
+    @mcp.tool
+    async def stream_steps(steps: int, pause: float, ctx: Context) -> str:
+        """A progress notification and a log line per step, ``pause`` seconds apart (the replica tests cut it)."""
+        for step in range(1, steps + 1):
+            await ctx.report_progress(step, steps, f"step {step}")
+            await ctx.info(f"log {step}")
+            await asyncio.sleep(pause)
         return "done"
 
     @mcp.tool

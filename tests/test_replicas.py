@@ -1,0 +1,340 @@
+"""Replicas that talk (DESIGN §8): three uvicorn processes behind HAProxy (round-robin, no stickiness).
+
+On each persistent backend, three server processes (tests.support.sessions) share one store and
+HAProxy spreads every request over them. A handshake client (FastMCP's, and the MCP SDK's own)
+runs a paced streaming tool; its stream is cut mid-call and the client resumes, wherever the
+proxy sends it:
+
+- the client aborts its connection, or the proxy drops every connection: every notification
+  and the result arrive exactly once and in order (the resumed stream follows the runner's
+  events through the store, live);
+- the replica running the call is SIGKILLed: the client gets a JSON-RPC error saying the
+  server stopped, within the runner's lease + 1 s, not its own timeout.
+
+And a DELETE on one replica is refused by the two others within a second.
+
+Cost: every cut kind x both clients x 3 repetitions on SQLite and Redis; on PostgreSQL,
+MongoDB and MariaDB one representative case of each kind with the FastMCP client (3
+repetitions), and the termination test everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from fastmcp import Client
+from fastmcp.client.transports import StreamableHttpTransport
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from kvstores.events import LEASE_TTL, STOPPED_MESSAGE
+from tests.support import Backend
+from tests.support.events import PROTOCOL_VERSION, RawSession
+from tests.support.fixtures import rows, start_row
+from tests.support.haproxy import REPLICA_HEADER, HAProxy
+from tests.support.sessions import SessionServer
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
+]
+
+STEPS = 8
+PAUSE = 0.15
+"""The tool reports STEPS steps PAUSE seconds apart..."""
+
+CUT_AT = 3
+"""...and its stream is cut once the client has step CUT_AT."""
+
+REPEAT = 3
+
+FAIL_FAST_WITHIN = LEASE_TTL + 1 + 1
+"""Seconds from the SIGKILL to the client's error: the lease, the follower's grace and poll, and the retry."""
+
+TERMINATED_WITHIN = 1.0
+
+FULL = ("sqlite", "redis")
+"""Rows where every cut kind runs with both clients; the other rows run the FastMCP client only."""
+
+
+@dataclass
+class Cluster:
+    """Three replicas on one store behind one proxy."""
+
+    name: str
+    servers: list[SessionServer]
+    proxy: HAProxy
+    latencies: list[float] = field(default_factory=list)
+
+    def replica(self, name: str) -> SessionServer:
+        return self.servers[self.proxy.names.index(name)]
+
+
+async def _destroy(backend: Backend, namespace: str) -> None:
+    store = await backend.open(namespace)
+    await store.destroy()
+    await store.aclose()
+
+
+ROWS = ("sqlite", "redis", "postgresql", "mongodb", "mysql")
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    request: pytest.FixtureRequest, started: dict[str, Backend | str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    backend = start_row(request.param, started)
+    namespace = f"t{uuid.uuid4().hex[:12]}"
+    url, options = backend.url(namespace)
+    work = tmp_path_factory.mktemp(f"replicas-{backend.name}")
+    servers = [SessionServer(url, options, work) for _ in range(3)]
+    proxy = HAProxy([server.port for server in servers], work)
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_until_serving()
+        proxy.start()
+        yield Cluster(backend.name, servers, proxy)
+    finally:
+        proxy.stop()
+        for server in servers:
+            server.stop()
+        asyncio.run(_destroy(backend, namespace))
+
+
+class _Aborting(httpx2.AsyncByteStream):
+    """A response body that the client abandons after ``events`` SSE events, closing its connection."""
+
+    def __init__(self, inner: Any, events: int) -> None:
+        self.inner = inner
+        self.events = events
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self.inner:
+            yield chunk
+            seen += chunk.count(b"\r\n\r\n") + chunk.count(b"\n\n")
+            if seen >= self.events:
+                await self.inner.aclose()
+                raise httpx2.ReadError("the test client aborted the stream")
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class Wire(httpx2.AsyncBaseTransport):
+    """The client's HTTP: notes the replica serving the tool call; can abort its stream after some events."""
+
+    def __init__(self) -> None:
+        self.inner = httpx2.AsyncHTTPTransport()
+        self.runner: str | None = None
+        self.resumed_on: list[str | None] = []
+        self.abort_after: int | None = None
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self.inner.handle_async_request(request)
+        streamed = response.headers.get("content-type", "").startswith("text/event-stream")
+        if request.method == "GET" and "last-event-id" in request.headers:
+            self.resumed_on.append(response.headers.get(REPLICA_HEADER))
+        if request.method == "POST" and streamed and b'"tools/call"' in request.content:
+            self.runner = response.headers.get(REPLICA_HEADER)
+            if self.abort_after is not None:
+                response.stream = _Aborting(response.stream, self.abort_after)
+                self.abort_after = None
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def expected() -> list[tuple[str, str]]:
+    return [note for step in range(1, STEPS + 1) for note in (("progress", f"step {step}"), ("log", f"log {step}"))]
+
+
+@dataclass
+class Outcome:
+    notes: list[tuple[str, str]]
+    result: str | None
+    error: str | None
+    cut: float | None
+    ended: float
+    runner: str | None
+    resumed_on: list[str | None]
+
+
+@asynccontextmanager
+async def fastmcp_session(url: str, wire: Wire, notes: list[tuple[str, str]], on_step: Any) -> AsyncIterator[Any]:
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        notes.append(("progress", str(message)))
+        await on_step(str(message))
+
+    async def on_log(message: Any) -> None:
+        notes.append(("log", message.data["msg"]))
+
+    def factory(**options: Any) -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(**{"timeout": 30, **options, "transport": wire})
+
+    transport = StreamableHttpTransport(url, httpx_client_factory=factory)
+    async with Client(transport, mode="legacy", progress_handler=on_progress, log_handler=on_log) as client:
+
+        async def call() -> str:
+            result = await client.call_tool("stream_steps", {"steps": STEPS, "pause": PAUSE})
+            return str(result.data)
+
+        yield call
+
+
+@asynccontextmanager
+async def sdk_session(url: str, wire: Wire, notes: list[tuple[str, str]], on_step: Any) -> AsyncIterator[Any]:
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        notes.append(("progress", str(message)))
+        await on_step(str(message))
+
+    async def on_log(params: Any) -> None:
+        notes.append(("log", params.data["msg"]))
+
+    async with (
+        httpx2.AsyncClient(transport=wire, timeout=30) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write, logging_callback=on_log) as session,
+    ):
+        await session.initialize()
+
+        async def call() -> str:
+            result = await session.call_tool(
+                "stream_steps", {"steps": STEPS, "pause": PAUSE}, progress_callback=on_progress
+            )
+            if result.is_error:
+                raise RuntimeError(str(result.content))
+            return str(result.content[0].text)  # type: ignore[union-attr]
+
+        yield call
+
+
+SESSIONS = {"fastmcp": fastmcp_session, "sdk": sdk_session}
+
+
+async def call_and_cut(cluster: Cluster, client: str, cut: str) -> Outcome:
+    """Run the streaming tool through the proxy, cut its stream at step CUT_AT as ``cut`` says."""
+    wire = Wire()
+    notes: list[tuple[str, str]] = []
+    cut_at: list[float] = []
+    if cut == "abort":
+        wire.abort_after = 1 + 2 * CUT_AT  # the priming event, then a progress and a log per step
+
+    async def on_step(message: str) -> None:
+        if message != f"step {CUT_AT}" or cut_at:
+            return
+        if cut == "drop":
+            cluster.proxy.drop_connections()
+        elif cut == "kill":
+            assert wire.runner is not None
+            cluster.replica(wire.runner).kill()
+        cut_at.append(time.monotonic())
+
+    result = error = None
+    async with SESSIONS[client](cluster.proxy.url, wire, notes, on_step) as call:
+        try:
+            with anyio.fail_after(30):
+                result = await call()
+        except TimeoutError:
+            raise
+        except Exception as exc:
+            error = str(exc)
+        ended = time.monotonic()
+    return Outcome(notes, result, error, cut_at[0] if cut_at else None, ended, wire.runner, wire.resumed_on)
+
+
+def _restart(cluster: Cluster, name: str) -> None:
+    server = cluster.replica(name)
+    server.start()
+    server.wait_until_serving()
+    cluster.proxy.wait_until_up(name)
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for row in rows(*ROWS):
+        (name,) = row.values
+        for client in ("fastmcp", "sdk") if name in FULL else ("fastmcp",):
+            for cut in ("abort", "drop", "kill"):
+                cases.append(pytest.param(name, client, cut, marks=row.marks, id=f"{name}-{client}-{cut}"))
+    return cases
+
+
+@pytest.mark.parametrize(("cluster", "client", "cut"), _cases(), indirect=["cluster"], scope="module")
+async def test_a_cut_stream_resumes_on_any_replica(cluster: Cluster, client: str, cut: str) -> None:
+    elsewhere = 0
+    for _ in range(REPEAT):
+        outcome = await call_and_cut(cluster, client, cut)
+        elsewhere += any(replica != outcome.runner for replica in outcome.resumed_on)
+        print(
+            f"\n{cluster.name} {client} {cut}: ran on {outcome.runner}, resumed on {outcome.resumed_on}, "
+            f"ended {outcome.ended - (outcome.cut or 0):.2f} s after the cut"
+        )
+        assert outcome.cut is not None, f"the stream was never cut: {outcome}"
+        if cut == "kill":
+            wire_runner = [name for name, server in zip(cluster.proxy.names, cluster.servers) if _dead(server)]
+            await anyio.to_thread.run_sync(_restart, cluster, wire_runner[0])
+            assert outcome.result is None and outcome.error is not None and STOPPED_MESSAGE in outcome.error, outcome
+            assert outcome.ended - outcome.cut < FAIL_FAST_WITHIN, outcome
+            assert outcome.notes == expected()[: len(outcome.notes)], outcome  # in order, none twice
+        else:
+            assert (outcome.notes, outcome.result, outcome.error) == (expected(), "done", None)
+    assert elsewhere, "the proxy never sent a resumption to another replica than the runner"
+
+
+def _dead(server: SessionServer) -> bool:
+    return server.process is not None and server.process.poll() is not None
+
+
+async def _status(http: httpx.AsyncClient, url: str, session_id: str, method: str = "POST") -> int:
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": PROTOCOL_VERSION,
+        "mcp-session-id": session_id,
+    }
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    async with http.stream(method, url, headers=headers, **({"json": body} if method == "POST" else {})) as response:
+        await response.aread()
+        return response.status_code
+
+
+async def _status_or_cut(http: httpx.AsyncClient, url: str, session_id: str) -> int | None:
+    """The status of a request in the session; None when the session ended while it was answered."""
+    try:
+        return await _status(http, url, session_id)
+    except httpx.RemoteProtocolError:
+        return None
+
+
+@pytest.mark.parametrize("cluster", rows(*ROWS), indirect=True, scope="module")
+async def test_a_delete_is_refused_by_every_replica_within_a_second(cluster: Cluster) -> None:
+    a, *others = cluster.servers
+    latencies: list[float] = []
+    async with httpx.AsyncClient(timeout=10) as http:
+        for _ in range(20):
+            session = await RawSession(http, a.url).open()
+            for server in cluster.servers:  # every replica holds the session: a warm session everywhere
+                assert await _status(http, server.url, session.session_id) == 200
+            assert await _status(http, a.url, session.session_id, method="DELETE") == 200
+            deleted = time.monotonic()
+            for server in others:
+                while await _status_or_cut(http, server.url, session.session_id) != 404:
+                    assert time.monotonic() - deleted < TERMINATED_WITHIN, "still served after a DELETE elsewhere"
+                latencies.append(time.monotonic() - deleted)
+    p50, p99 = statistics.median(latencies), statistics.quantiles(latencies, n=100)[98]
+    print(f"\n{cluster.name}: refused elsewhere after a DELETE: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
+    assert max(latencies) < TERMINATED_WITHIN
