@@ -20,12 +20,16 @@ What survives a restart, or a request landing on another replica:
   keys state by session id and the store is shared;
 - its event history, when ``event_store`` is a store every process shares (e.g.
   :class:`kvstores.events.StoreEventStore`): a client resumes a stream with ``Last-Event-ID``
-  on any process. The store is scoped per session id (FastMCP's ``SessionScopedEventStore``),
-  so one session's events never replay to another.
+  on any process. The store is scoped per session id (FastMCP's stream ids), so one
+  session's events never replay to another.
+- a call in progress, with a :class:`~kvstores.events.StoreEventStore` (turned ``live``
+  here): a client whose stream was cut resumes on any process, which follows the call's
+  events through the store as the running process stores them, to the result, exactly once
+  and in order. When the running process dies, the resumed client gets a JSON-RPC error
+  within its lease (:data:`kvstores.events.LEASE_TTL`) + 1 s instead.
 
-What does not: a tool call that was running when its process died (its result is never sent;
-the client sees its stream end, as after any crash), server-to-client requests waiting for an
-answer, and anything a tool kept in process memory. Nothing here applies to stateless
+What does not: the call a dead process was running (its client gets that error), server-to-client
+requests waiting for an answer, and anything a tool kept in process memory. Nothing here applies to stateless
 requests of protocol 2026-07-28 (they have no session; FastMCP's session API covers them), nor
 to ``stateless_http=True`` apps, which :func:`http_app` refuses.
 
@@ -54,9 +58,13 @@ Costs and timing:
 - A record expires ``idle_ttl + refresh_interval`` seconds after its last refresh, so the
   registry holds only sessions used within about ``idle_ttl`` (default one day, like FastMCP's
   session state), and a session stays adoptable for at least ``idle_ttl`` after its last request.
-- A DELETE is recorded before its response is sent: from then on every process that does not
-  hold the session refuses it at once; a process that does hold it in memory finds out at its
-  next refresh, so within ``refresh_interval`` (the price of reading nothing per request).
+- A DELETE is recorded before its response is sent, then signalled on the store's signal
+  channel :data:`TERMINATIONS` (:mod:`kvstores.signals`; the message is the id's SHA-256):
+  every process that holds the session drops it at once, and refuses it from then on like
+  every process that does not. After a signal GAP a process re-reads the records of the
+  sessions it holds (one ``get_many`` per 500). A kvstores store without a signal transport
+  re-reads them every 0.5 s instead; a foreign store (no channel at all) leaves it to the
+  next refresh, so within ``refresh_interval``. None of this reads anything per request.
 - Only an explicit DELETE terminates a session for good. The SDK's in-process idle timeout
   and a shutdown only drop the process's copy; the next request adopts the session again.
 - Registration and refresh need :class:`kvstores.AtomicStore` (every built-in backend): a new
@@ -72,7 +80,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -637,7 +645,7 @@ class DurableSessionManager(StreamableHTTPSessionManager):
         except TypeError:
             return None
 
-    async def _watch_terminations(self) -> Any:
+    async def _watch_terminations(self) -> Callable[[], None]:
         """Drop held sessions as other processes end them; return what stops watching."""
         signals = self._channel()
         if signals is not None:
