@@ -14,6 +14,9 @@ of the largest collection are the one thing held in full), then reads the entrie
 ``ttl_many`` in chunks of :data:`CHUNK` and writes each chunk with ``put_many``, one call per
 remaining TTL rounded to the millisecond, a few calls in flight at once. So memory is bounded
 by the key names of one collection plus one chunk of values, whatever the size of the store.
+It always ends with one summary line, also when it fails or is interrupted (Ctrl-C: exit 130);
+the count is of acknowledged writes, so after an interrupt the writes in flight may have
+landed too.
 """
 
 from __future__ import annotations
@@ -438,6 +441,7 @@ async def _copy(options: argparse.Namespace) -> int:
     copy = _Copy(source, dest, options.no_overwrite, options.dry_run)
     progress = _progress()
     stopped: Exception | None = None
+    interrupted: asyncio.CancelledError | None = None
     try:
         _require(source, "keys", source_spec, "so kvstores copy cannot list its entries")
         names = options.collection
@@ -450,6 +454,8 @@ async def _copy(options: argparse.Namespace) -> int:
         raise
     except Exception as exc:
         stopped = exc
+    except asyncio.CancelledError as exc:  # Ctrl-C: asyncio.run cancels the command
+        interrupted = exc
     finally:
         progress.stop()
         await close(source)
@@ -458,7 +464,10 @@ async def _copy(options: argparse.Namespace) -> int:
         print(f"kvstores copy: not copied: {redact_text(failure, source_spec, dest_spec)}", file=sys.stderr)
     if len(copy.tally.failures) > _FAILURES_SHOWN:
         print(f"kvstores copy: ... and {len(copy.tally.failures) - _FAILURES_SHOWN} more", file=sys.stderr)
-    print(copy.tally.summary(options.dry_run) + (" before it stopped" if stopped else ""))
+    ending = " before it was interrupted" if interrupted else " before it stopped" if stopped else ""
+    print(copy.tally.summary(options.dry_run) + ending, flush=True)
+    if interrupted is not None:
+        raise interrupted
     if stopped is not None:
         raise _Failed(_line(stopped)) from stopped
     return 1 if copy.tally.failures else 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import functools
 import os
 import random
@@ -47,7 +48,7 @@ from kvstores._codec import (
 )
 from kvstores._telemetry import observed
 from kvstores._urls import flag
-from kvstores.errors import ConflictError, StoreClosedError
+from kvstores.errors import ConflictError, KVStoreError, StoreClosedError
 
 __all__ = [
     "BATCHING_VARIABLE",
@@ -57,6 +58,7 @@ __all__ = [
     "BaseStore",
     "Stored",
     "chunks",
+    "translated",
 ]
 
 T = TypeVar("T")
@@ -91,6 +93,72 @@ def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
+_PRIMITIVES = frozenset(
+    (
+        "_get",
+        "_ttl",
+        "_put",
+        "_delete",
+        "_get_many",
+        "_ttl_many",
+        "_put_many",
+        "_delete_many",
+        "_get_pairs",
+        "_put_entries",
+        "_keys",
+        "_collections",
+        "_destroy_collection",
+        "_destroy",
+        "_cull",
+        "_swap",
+        "_pop",
+        "_ping",
+        "_close",
+    )
+)
+"""The methods a backend may define that talk to the backend: each is wrapped by :func:`_translating`."""
+
+
+def _translating(primitive: Callable[..., Any]) -> Callable[..., Any]:
+    """``primitive`` with the driver's exceptions translated by its store's ``_translate``.
+
+    A call that fails because the store was closed under it raises StoreClosedError (but
+    ``_close`` itself, which runs once the store is marked closed, keeps its own error).
+    """
+    closing = primitive.__name__ == "_close"
+
+    @functools.wraps(primitive)
+    async def translated(self: BaseStore, *args: Any) -> Any:
+        try:
+            return await primitive(self, *args)
+        except KVStoreError:
+            raise
+        except Exception as exc:
+            error = self._translate(exc)
+            if error is None:
+                raise
+            if self._closed and not closing:  # the store was closed under the call
+                raise self._closed_error() from exc
+            raise error from exc
+
+    return translated
+
+
+@contextlib.contextmanager
+def translated(translate: Callable[[Exception], KVStoreError | None]) -> Iterator[None]:
+    """Translate the exceptions raised in the block with a backend's ``translate``, as its
+    primitives' are: for code that talks to the backend beside them (the signal transports)."""
+    try:
+        yield
+    except KVStoreError:
+        raise
+    except Exception as exc:
+        error = translate(exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
 async def _release_at_loop_end(store: BaseStore) -> AsyncGenerator[None, None]:
     """Suspended until the event loop finalizes it: at its shutdown, or once the store is garbage.
 
@@ -118,6 +186,13 @@ class BaseStore(abc.ABC):
 
     _closed = False
     _loop_guard: AsyncGenerator[None, None] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Wrap the backend's primitives in its error translation, once, as the class is made."""
+        super().__init_subclass__(**kwargs)
+        if cls._translate is not BaseStore._translate:
+            for name in _PRIMITIVES & cls.__dict__.keys():
+                setattr(cls, name, _translating(cls.__dict__[name]))
 
     def __init__(self, *, default_collection: str = DEFAULT_COLLECTION, batching: bool | None = False) -> None:
         """``batching``: coalesce concurrent single-key gets and puts into bulk calls (kvstores._batching);
@@ -477,6 +552,17 @@ class BaseStore(abc.ABC):
     async def _pop(self, collection: str, key: str) -> Stored | None:
         """Delete the entry and return its stored text, in one atomic step; None if absent or expired."""
         raise NotImplementedError
+
+    def _translate(self, exc: Exception) -> KVStoreError | None:
+        """The kvstores error to raise for ``exc``, which one of this store's primitives raised.
+
+        The one place a backend translates its driver's exceptions: StoreConnectionError when
+        the backend cannot be reached or timed out, KVStoreError for any other driver error, None
+        to let ``exc`` through (a bug, not the driver's). The base applies it around every
+        primitive (:data:`_PRIMITIVES`), with the driver's exception as ``__cause__``; a store
+        with nothing to translate (memory) keeps the default and pays nothing.
+        """
+        return None
 
     async def _close(self) -> None:  # noqa: B027 - optional hook: most backends have something to release
         """Release backend resources (called once, by ``aclose``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -487,6 +488,51 @@ def test_copy_stops_with_one_line_when_dest_goes_away(tmp_path: Path, capsys: py
 
 
 # -- ping: a readiness probe ------------------------------------------------------------------
+
+
+def test_copy_interrupted_by_sigint_still_ends_with_its_summary(tmp_path: Path) -> None:
+    source, dest = tmp_path / "source.db", tmp_path / "dest.db"
+
+    async def fill() -> None:
+        async with open_store(f"sqlite:///{source}") as store:
+            for batch in range(100):
+                keys = [f"k{batch}-{i}" for i in range(1_000)]
+                await store.put_many(keys, [{"i": i} for i in range(1_000)], collection=f"c{batch % 4}")
+
+    asyncio.run(fill())
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    environment.pop("KVSTORES_URL", None)
+    with subprocess.Popen(
+        [sys.executable, "-m", "kvstores.cli", "copy", f"sqlite:///{source}", f"sqlite:///{dest}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=environment,
+    ) as child:
+        deadline = time.monotonic() + 60
+        while _rows(dest) == 0 and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)  # mid-copy: rows have landed, most have not
+        stdout, stderr = child.communicate(timeout=60)
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("copied "), stdout
+    assert lines[0].endswith(" before it was interrupted"), stdout
+    copied = int(lines[0].split()[1])
+    assert 0 < copied < 100_000
+    # the summary counts acknowledged writes; the chunk in flight at the interrupt may have landed too
+    assert copied <= _rows(dest) <= copied + 1_000
+    assert child.returncode == 130, stderr
+    assert stderr.strip() == "kvstores copy: interrupted", stderr
+
+
+def _rows(path: Path) -> int:
+    """Entries in a kvstores SQLite file (0 while it does not exist yet)."""
+    try:
+        with closing(sqlite3.connect(path, timeout=10)) as db:
+            return int(db.execute("SELECT count(*) FROM kvstores_entries").fetchone()[0])
+    except sqlite3.OperationalError:  # no file or no table yet
+        return 0
 
 
 def test_ping_exits_0_when_the_store_answers_and_1_when_it_does_not(tmp_path: Path) -> None:

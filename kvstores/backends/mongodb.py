@@ -69,8 +69,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kvstores._optional import missing_extra
@@ -105,18 +104,16 @@ _QUERY_OPTIONS = {"collection": str, "timeout": float, "chunk_size": int, "defau
 _INDEXES = [IndexModel("e", name="kvstores_expiry", expireAfterSeconds=0, sparse=True)]
 
 
-@contextmanager
-def _translated() -> Iterator[None]:
+def _translated_error(exc: Exception) -> KVStoreError | None:
     """Translate pymongo/bson errors: the one place this backend does it."""
-    try:
-        yield
-    except PyMongoError as exc:
+    if isinstance(exc, PyMongoError):
         # ConnectionFailure covers AutoReconnect, NetworkTimeout and ServerSelectionTimeoutError
         if isinstance(exc, (ConnectionFailure, ExecutionTimeout)) or exc.timeout:
-            raise StoreConnectionError(f"MongoDB: {exc}") from exc
-        raise KVStoreError(f"MongoDB: {exc}") from exc
-    except BSONError as exc:
-        raise KVStoreError(f"MongoDB: {exc}") from exc
+            return StoreConnectionError(f"MongoDB: {exc}")
+        return KVStoreError(f"MongoDB: {exc}")
+    if isinstance(exc, BSONError):
+        return KVStoreError(f"MongoDB: {exc}")
+    return None
 
 
 def _prefix(collection: str) -> str:
@@ -255,8 +252,7 @@ class MongoDBStore(BaseStore):
         if not self._indexed:
             async with self._index_lock:
                 if not self._indexed:
-                    with _translated():
-                        await self._entries.create_indexes(_INDEXES)
+                    await self._entries.create_indexes(_INDEXES)
                     self._indexed = True
         return self._entries
 
@@ -268,10 +264,12 @@ class MongoDBStore(BaseStore):
     def _holds_connection(self) -> bool:
         return self._owns_client and self._indexed
 
+    def _translate(self, exc: Exception) -> KVStoreError | None:
+        return _translated_error(exc)
+
     async def _close(self) -> None:
         if self._owns_client:
-            with _translated():
-                await self._client.close()
+            await self._client.close()
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -279,10 +277,9 @@ class MongoDBStore(BaseStore):
         """The documents of ``ids`` by ``_id`` (expired ones included: callers filter)."""
         entries = await self._ready()
         found: dict[str, dict[str, Any]] = {}
-        with _translated():
-            for chunk in chunks(ids, self._chunk_size):
-                for document in await entries.find({"_id": {"$in": chunk}}).to_list(None):
-                    found[document["_id"]] = document
+        for chunk in chunks(ids, self._chunk_size):
+            for document in await entries.find({"_id": {"$in": chunk}}).to_list(None):
+                found[document["_id"]] = document
         return found
 
     async def _texts(self, ids: Sequence[str]) -> list[str | None]:
@@ -295,14 +292,12 @@ class MongoDBStore(BaseStore):
 
     async def _get(self, collection: str, key: str) -> str | None:
         entries = await self._ready()
-        with _translated():
-            document = await entries.find_one({"_id": _prefix(collection) + key})
+        document = await entries.find_one({"_id": _prefix(collection) + key})
         return None if document is None else _text(document, _now_ms())
 
     async def _ttl(self, collection: str, key: str) -> tuple[str | None, float | None]:
         entries = await self._ready()
-        with _translated():
-            document = await entries.find_one({"_id": _prefix(collection) + key})
+        document = await entries.find_one({"_id": _prefix(collection) + key})
         return _row(document, _now_ms())
 
     async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
@@ -327,10 +322,9 @@ class MongoDBStore(BaseStore):
 
     async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
         entries = await self._ready()
-        with _translated():
-            await entries.replace_one(
-                {"_id": _prefix(collection) + key}, _document(collection, text, _expiry(ttl)), upsert=True
-            )
+        await entries.replace_one(
+            {"_id": _prefix(collection) + key}, _document(collection, text, _expiry(ttl)), upsert=True
+        )
 
     async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
         prefix, expiry = _prefix(collection), _expiry(ttl)
@@ -342,31 +336,27 @@ class MongoDBStore(BaseStore):
     async def _bulk_write(self, requests: Iterable[ReplaceOne[Any]]) -> None:
         """Run the upserts ``requests``, unordered, ``chunk_size`` per round trip."""
         entries = await self._ready()
-        with _translated():
-            for chunk in chunks(list(requests), self._chunk_size):
-                await entries.bulk_write(chunk, ordered=False)
+        for chunk in chunks(list(requests), self._chunk_size):
+            await entries.bulk_write(chunk, ordered=False)
 
     async def _delete(self, collection: str, key: str) -> bool:
         entries = await self._ready()
-        with _translated():
-            result = await entries.delete_one({"_id": _prefix(collection) + key, **_live(_now_ms())})
+        result = await entries.delete_one({"_id": _prefix(collection) + key, **_live(_now_ms())})
         return bool(result.deleted_count)
 
     async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
         entries = await self._ready()
         prefix = _prefix(collection)
         deleted = 0
-        with _translated():
-            for chunk in chunks(keys, self._chunk_size):
-                query = {"_id": {"$in": [prefix + key for key in chunk]}, **_live(_now_ms())}
-                deleted += (await entries.delete_many(query)).deleted_count
+        for chunk in chunks(keys, self._chunk_size):
+            query = {"_id": {"$in": [prefix + key for key in chunk]}, **_live(_now_ms())}
+            deleted += (await entries.delete_many(query)).deleted_count
         return deleted
 
     async def _keys(self, collection: str, limit: int | None) -> list[str]:
         entries = await self._ready()
-        with _translated():
-            cursor = entries.find({**_in_collection(collection), **_live(_now_ms())}, {"_id": 1}).limit(limit or 0)
-            documents = await cursor.to_list(None)
+        cursor = entries.find({**_in_collection(collection), **_live(_now_ms())}, {"_id": 1}).limit(limit or 0)
+        documents = await cursor.to_list(None)
         start = len(_prefix(collection))
         return [document["_id"][start:] for document in documents]
 
@@ -379,18 +369,16 @@ class MongoDBStore(BaseStore):
         ]
         if limit is not None:
             pipeline.append({"$limit": limit})
-        with _translated():
-            cursor = entries.aggregate(pipeline)
-            if inspect.isawaitable(cursor):  # pymongo's aggregate is a coroutine, motor's returns the cursor
-                cursor = await cursor
-            documents = await cursor.to_list(None)
+        cursor = entries.aggregate(pipeline)
+        if inspect.isawaitable(cursor):  # pymongo's aggregate is a coroutine, motor's returns the cursor
+            cursor = await cursor
+        documents = await cursor.to_list(None)
         return [document["_id"] for document in documents]
 
     async def _destroy_where(self, where: dict[str, Any]) -> bool:
         entries = await self._ready()
-        with _translated():
-            live = await entries.delete_many({**where, **_live(_now_ms())})
-            await entries.delete_many(where)
+        live = await entries.delete_many({**where, **_live(_now_ms())})
+        await entries.delete_many(where)
         return bool(live.deleted_count)
 
     async def _destroy_collection(self, collection: str) -> bool:
@@ -401,8 +389,7 @@ class MongoDBStore(BaseStore):
 
     async def _cull(self) -> None:
         entries = await self._ready()
-        with _translated():
-            await entries.delete_many({"e": {"$lte": DatetimeMS(_now_ms())}})
+        await entries.delete_many({"e": {"$lte": DatetimeMS(_now_ms())}})
 
     async def _swap(
         self, collection: str, key: str, expected: Stored | None, text: str | None, ttl: float | None
@@ -410,29 +397,27 @@ class MongoDBStore(BaseStore):
         entries = await self._ready()
         id_ = _prefix(collection) + key
         now_ms = _now_ms()
-        with _translated():
-            if expected is None and text is not None:
-                # put_if_absent: replace an expired document, else insert; a live one makes the
-                # upsert's insert collide on _id (the server does not retry: the filter is a range)
-                try:
-                    await entries.replace_one(
-                        {"_id": id_, "e": {"$lte": DatetimeMS(now_ms)}},
-                        _document(collection, text, _expiry(ttl)),
-                        upsert=True,
-                    )
-                except DuplicateKeyError:
-                    return False
-                return True
-            if expected is None:  # delete what is absent: succeed while it stays absent
-                return not await entries.count_documents({"_id": id_, **_live(now_ms)}, limit=1)
-            current = {"_id": id_, "v": expected, **_live(now_ms)}
-            if text is None:
-                return bool((await entries.delete_one(current)).deleted_count)
-            result = await entries.replace_one(current, _document(collection, text, _expiry(ttl)))
-            return bool(result.matched_count)
+        if expected is None and text is not None:
+            # put_if_absent: replace an expired document, else insert; a live one makes the
+            # upsert's insert collide on _id (the server does not retry: the filter is a range)
+            try:
+                await entries.replace_one(
+                    {"_id": id_, "e": {"$lte": DatetimeMS(now_ms)}},
+                    _document(collection, text, _expiry(ttl)),
+                    upsert=True,
+                )
+            except DuplicateKeyError:
+                return False
+            return True
+        if expected is None:  # delete what is absent: succeed while it stays absent
+            return not await entries.count_documents({"_id": id_, **_live(now_ms)}, limit=1)
+        current = {"_id": id_, "v": expected, **_live(now_ms)}
+        if text is None:
+            return bool((await entries.delete_one(current)).deleted_count)
+        result = await entries.replace_one(current, _document(collection, text, _expiry(ttl)))
+        return bool(result.matched_count)
 
     async def _pop(self, collection: str, key: str) -> str | None:
         entries = await self._ready()
-        with _translated():
-            document = await entries.find_one_and_delete({"_id": _prefix(collection) + key})
+        document = await entries.find_one_and_delete({"_id": _prefix(collection) + key})
         return None if document is None else _text(document, _now_ms())

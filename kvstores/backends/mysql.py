@@ -96,7 +96,6 @@ import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from types import TracebackType
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -194,25 +193,14 @@ def _broken(exc: BaseException) -> bool:
     )
 
 
-class _Translated:
+def _translated_error(exc: Exception) -> KVStoreError | None:
     """Translate asyncmy errors: the one place this backend does it."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc is None or isinstance(exc, (KVStoreError, asyncio.CancelledError)):
-            return
-        if _unreachable(exc):
-            raise StoreConnectionError(f"MySQL: {type(exc).__name__}: {exc}") from exc
-        if isinstance(exc, (my_errors.MySQLError, ValueError, TypeError)):
-            # ValueError, TypeError: the driver's argument checks (e.g. an ssl option)
-            raise KVStoreError(f"MySQL: {type(exc).__name__}: {exc}") from exc
-
-
-_translated = _Translated()  # a plain class: entered on every call, so kept cheap
+    if _unreachable(exc):
+        return StoreConnectionError(f"MySQL: {type(exc).__name__}: {exc}")
+    if isinstance(exc, (my_errors.MySQLError, ValueError, TypeError)):
+        # ValueError, TypeError: the driver's argument checks (e.g. an ssl option)
+        return KVStoreError(f"MySQL: {type(exc).__name__}: {exc}")
+    return None
 
 
 def _digest(name: bytes) -> bytes:
@@ -498,6 +486,9 @@ class MySQLStore(BaseStore):
     def _server_address(self) -> tuple[str, int] | None:
         return (self._connect_options["host"], self._connect_options["port"])
 
+    def _translate(self, exc: Exception) -> KVStoreError | None:
+        return _translated_error(exc)
+
     async def _close(self) -> None:
         async with self._opening:
             pool, self.pool, self._ready_pool = self.pool, None, None
@@ -513,40 +504,39 @@ class MySQLStore(BaseStore):
 
     async def _run(self, work: Callable[[Any], Awaitable[T]]) -> T:
         """Run ``work(connection)`` on a pool connection, within the store's timeout, errors translated."""
-        with _translated:
-            cut: int | None = None  # the server thread of a statement our deadline interrupted
-            try:
-                async with _deadline(self._timeout):  # first use included: waiting for another opener too
-                    pool = self._ready_pool or await self._ready()
-                    try:
-                        connection = await pool.acquire()
-                    except RuntimeError:  # asyncmy's pool is closing: aclose() ran meanwhile
-                        self._check_open()
-                        raise
-                    try:
-                        for attempt in range(_DEADLOCK_ATTEMPTS):
-                            try:
-                                return await work(connection)
-                            except my_errors.OperationalError as exc:
-                                # the server rolled back this statement (or transaction): running it again is exact
-                                if _code(exc) != _DEADLOCK or attempt == _DEADLOCK_ATTEMPTS - 1:
-                                    raise
-                        raise AssertionError("unreachable")  # pragma: no cover
-                    except asyncio.CancelledError:
-                        # our deadline or the caller's cancel: the connection is mid-protocol, drop it
-                        cut = connection.thread_id()
-                        connection.close()
-                        raise
-                    except BaseException as exc:
-                        if _broken(exc):
-                            connection.close()  # the pool connects anew
-                        raise
-                    finally:
-                        pool.release(connection)
-            except TimeoutError:
-                if cut is not None:  # the statement may still run (and hold locks) on the server: kill it
-                    self._kill_later(cut)
-                raise
+        cut: int | None = None  # the server thread of a statement our deadline interrupted
+        try:
+            async with _deadline(self._timeout):  # first use included: waiting for another opener too
+                pool = self._ready_pool or await self._ready()
+                try:
+                    connection = await pool.acquire()
+                except RuntimeError:  # asyncmy's pool is closing: aclose() ran meanwhile
+                    self._check_open()
+                    raise
+                try:
+                    for attempt in range(_DEADLOCK_ATTEMPTS):
+                        try:
+                            return await work(connection)
+                        except my_errors.OperationalError as exc:
+                            # the server rolled back this statement (or transaction): running it again is exact
+                            if _code(exc) != _DEADLOCK or attempt == _DEADLOCK_ATTEMPTS - 1:
+                                raise
+                    raise AssertionError("unreachable")  # pragma: no cover
+                except asyncio.CancelledError:
+                    # our deadline or the caller's cancel: the connection is mid-protocol, drop it
+                    cut = connection.thread_id()
+                    connection.close()
+                    raise
+                except BaseException as exc:
+                    if _broken(exc):
+                        connection.close()  # the pool connects anew
+                    raise
+                finally:
+                    pool.release(connection)
+        except TimeoutError:
+            if cut is not None:  # the statement may still run (and hold locks) on the server: kill it
+                self._kill_later(cut)
+            raise
 
     async def _query(self, sql: str, args: Sequence[Any] = ()) -> tuple[int, Sequence[Any]]:
         """One statement in autocommit: its affected-row count and its rows."""

@@ -88,7 +88,6 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -151,25 +150,14 @@ _BROKEN = (  # errors after which a connection may be unusable (a clean SQL erro
 )
 
 
-class _Translated:
+def _translated_error(exc: Exception) -> KVStoreError | None:
     """Translate asyncpg errors: the one place this backend does it."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc is None or isinstance(exc, (KVStoreError, asyncio.CancelledError)):
-            return
-        if isinstance(exc, _UNREACHABLE):
-            raise StoreConnectionError(f"PostgreSQL: {type(exc).__name__}: {exc}") from exc
-        if isinstance(exc, (pg_errors.PostgresError, pg_errors.InterfaceError, ValueError)):
-            # ValueError: asyncpg's DSN parser and argument encoders
-            raise KVStoreError(f"PostgreSQL: {type(exc).__name__}: {exc}") from exc
-
-
-_translated = _Translated()  # a plain class: entered on every call, so kept cheap
+    if isinstance(exc, _UNREACHABLE):
+        return StoreConnectionError(f"PostgreSQL: {type(exc).__name__}: {exc}")
+    if isinstance(exc, (pg_errors.PostgresError, pg_errors.InterfaceError, ValueError)):
+        # ValueError: asyncpg's DSN parser and argument encoders
+        return KVStoreError(f"PostgreSQL: {type(exc).__name__}: {exc}")
+    return None
 
 
 def _digest(name: bytes) -> bytes:
@@ -415,6 +403,9 @@ class PostgreSQLStore(BaseStore):
         parts = urlsplit(self._url)
         return (parts.hostname or "localhost", parts.port or 5432)
 
+    def _translate(self, exc: Exception) -> KVStoreError | None:
+        return _translated_error(exc)
+
     async def _close(self) -> None:
         async with self._opening:
             pool, self._ready_pool = self.pool, None
@@ -428,34 +419,33 @@ class PostgreSQLStore(BaseStore):
 
     async def _query(self, kind: str, sql: str, *args: Any) -> Any:
         """Run ``sql`` on a pool connection with asyncpg's ``kind`` method (fetch, fetchval...)."""
-        with _translated:
-            async with _deadline(self._timeout):  # first use included: waiting for another opener too
-                pool = self._ready_pool or await self._ready()
-                connection: Any = await pool.acquire()
-                try:
-                    for attempt in range(_DEADLOCK_ATTEMPTS):
-                        try:
-                            return await getattr(connection, kind)(sql, *args)
-                        except pg_errors.DeadlockDetectedError:
-                            # the server rolled this one statement back: running it again is exact
-                            if attempt == _DEADLOCK_ATTEMPTS - 1:
-                                raise
-                except _BROKEN:
-                    # the connection may be left mid-protocol: drop it (the pool connects anew),
-                    # since the pool's reset no longer probes it
-                    with contextlib.suppress(pg_errors.InterfaceError):  # already dropped by asyncpg
-                        connection.terminate()
-                    raise
-                except asyncio.CancelledError:
-                    # our deadline or the caller's cancel: asyncpg is cancelling the statement on the
-                    # server; the connection returns to the pool once that is confirmed (or is dropped
-                    # after ``timeout``), off the caller's time
-                    self._release_later(pool, connection)
-                    connection = None
-                    raise
-                finally:
-                    if connection is not None:
-                        await pool.release(connection, timeout=self._timeout)
+        async with _deadline(self._timeout):  # first use included: waiting for another opener too
+            pool = self._ready_pool or await self._ready()
+            connection: Any = await pool.acquire()
+            try:
+                for attempt in range(_DEADLOCK_ATTEMPTS):
+                    try:
+                        return await getattr(connection, kind)(sql, *args)
+                    except pg_errors.DeadlockDetectedError:
+                        # the server rolled this one statement back: running it again is exact
+                        if attempt == _DEADLOCK_ATTEMPTS - 1:
+                            raise
+            except _BROKEN:
+                # the connection may be left mid-protocol: drop it (the pool connects anew),
+                # since the pool's reset no longer probes it
+                with contextlib.suppress(pg_errors.InterfaceError):  # already dropped by asyncpg
+                    connection.terminate()
+                raise
+            except asyncio.CancelledError:
+                # our deadline or the caller's cancel: asyncpg is cancelling the statement on the
+                # server; the connection returns to the pool once that is confirmed (or is dropped
+                # after ``timeout``), off the caller's time
+                self._release_later(pool, connection)
+                connection = None
+                raise
+            finally:
+                if connection is not None:
+                    await pool.release(connection, timeout=self._timeout)
 
     def _release_later(self, pool: asyncpg.Pool[Any], connection: Any) -> None:
         task = asyncio.get_running_loop().create_task(_release_quietly(pool, connection, self._timeout))

@@ -69,7 +69,6 @@ from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
 from contextvars import ContextVar
-from types import TracebackType
 from typing import Any, Final, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
@@ -174,24 +173,13 @@ class _Retry(Retry):
         return await super().call_with_retry(do, fail, is_retryable, with_failure_count)
 
 
-class _Translated:
+def _translated_error(exc: Exception) -> KVStoreError | None:
     """Translate redis-py errors: the one place this backend does it."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc is None or isinstance(exc, KVStoreError):
-            return
-        if isinstance(exc, _UNREACHABLE) or isinstance(exc.__cause__, _UNREACHABLE):  # "Cluster cannot be connected"
-            raise StoreConnectionError(f"Redis: {exc}") from exc
-        if isinstance(exc, (redis_errors.RedisError, redis_errors.RedisClusterException)):
-            raise KVStoreError(f"Redis: {exc}") from exc
-
-
-_translated = _Translated()  # a plain class: entered on every command, so kept cheap
+    if isinstance(exc, _UNREACHABLE) or isinstance(exc.__cause__, _UNREACHABLE):  # "Cluster cannot be connected"
+        return StoreConnectionError(f"Redis: {exc}")
+    if isinstance(exc, (redis_errors.RedisError, redis_errors.RedisClusterException)):
+        return KVStoreError(f"Redis: {exc}")
+    return None
 
 
 class _Gate:
@@ -402,13 +390,15 @@ class RedisStore(BaseStore):
     def _holds_connection(self) -> bool:
         return self._owns_client and self._gate.used
 
+    def _translate(self, exc: Exception) -> KVStoreError | None:
+        return _translated_error(exc)
+
     async def _close(self) -> None:
         await self._gate.close(self._timeout)
         if self._owns_client:
-            with _translated:
-                await self.client.aclose()
-                if self._sentinel is not None:
-                    await self._sentinel.aclose()
+            await self.client.aclose()
+            if self._sentinel is not None:
+                await self._sentinel.aclose()
 
     # -- keys ----------------------------------------------------------------------
 
@@ -439,9 +429,8 @@ class RedisStore(BaseStore):
     # -- commands ------------------------------------------------------------------
 
     async def _execute(self, *args: Any) -> Any:
-        with _translated:
-            async with self._gate:
-                return await self.client.execute_command(*args)
+        async with self._gate:
+            return await self.client.execute_command(*args)
 
     async def _execute_once(self, *args: Any) -> Any:
         """``_execute`` for a command that must run at most once: never retried once it may have been sent."""
@@ -453,12 +442,11 @@ class RedisStore(BaseStore):
 
     async def _pipeline(self, commands: Iterable[Sequence[Any]]) -> list[Any]:
         """Send ``commands`` in one round trip (not a transaction) and return their replies."""
-        with _translated:
-            async with self._gate:
-                pipe = self.client.pipeline(transaction=False)
-                for args in commands:
-                    pipe.execute_command(*args)
-                return await pipe.execute()
+        async with self._gate:
+            pipe = self.client.pipeline(transaction=False)
+            for args in commands:
+                pipe.execute_command(*args)
+            return await pipe.execute()
 
     async def _scan(self, pattern: str, limit: int | None, convert: Callable[[str], str | None]) -> list[str]:
         """Distinct ``convert(name)`` of the Redis keys matching ``pattern`` on every primary.
@@ -466,26 +454,24 @@ class RedisStore(BaseStore):
         Names that convert to None are skipped; the scan stops once ``limit`` are found.
         """
         found: dict[str, None] = {}
-        with _translated:
-            async with self._gate:
-                scan = cast(AsyncGenerator[Any, None], self.client.scan_iter(match=pattern, count=_SCAN_COUNT))
-                async with aclosing(scan) as names:
-                    async for raw in names:
-                        name = _decoded(raw)
-                        item = None if name is None else convert(name)
-                        if item is not None:
-                            found[item] = None
-                            if len(found) == limit:
-                                break
+        async with self._gate:
+            scan = cast(AsyncGenerator[Any, None], self.client.scan_iter(match=pattern, count=_SCAN_COUNT))
+            async with aclosing(scan) as names:
+                async for raw in names:
+                    name = _decoded(raw)
+                    item = None if name is None else convert(name)
+                    if item is not None:
+                        found[item] = None
+                        if len(found) == limit:
+                            break
         return list(found)
 
     async def _delete_names(self, names: Sequence[str]) -> int:
         """DEL ``names`` (any slots), 1,000 at a time; return how many existed."""
         deleted = 0
         for chunk in chunks(names, _CHUNK):
-            with _translated:
-                async with self._gate:
-                    deleted += await self.client.delete(*chunk)
+            async with self._gate:
+                deleted += await self.client.delete(*chunk)
         return deleted
 
     # -- primitives ----------------------------------------------------------------
@@ -550,9 +536,8 @@ class RedisStore(BaseStore):
         milliseconds = "" if ttl is None else str(ttl_milliseconds(ttl))
         for start in range(0, len(names), _ATOMIC_CHUNK):
             end = start + _ATOMIC_CHUNK
-            with _translated:
-                async with self._gate:
-                    await self._put_script(keys=names[start:end], args=[milliseconds, *texts[start:end]])
+            async with self._gate:
+                await self._put_script(keys=names[start:end], args=[milliseconds, *texts[start:end]])
 
     async def _delete(self, collection: str, key: str) -> bool:
         return bool(await self._execute_once("DEL", self._head(collection) + key))
@@ -593,9 +578,8 @@ class RedisStore(BaseStore):
             return not await self._execute("EXISTS", name)
         token = _AT_MOST_ONCE.set(True)
         try:
-            with _translated:
-                async with self._gate:
-                    return bool(await self._swap_script(keys=[name], args=[expected, text or "", milliseconds]))
+            async with self._gate:
+                return bool(await self._swap_script(keys=[name], args=[expected, text or "", milliseconds]))
         finally:
             _AT_MOST_ONCE.reset(token)
 

@@ -30,8 +30,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -85,16 +84,14 @@ async def _on_thread(db: aiosqlite.Connection, work: Work[T]) -> T:
     return result
 
 
-@contextmanager
-def _translated() -> Iterator[None]:
+def _translated_error(exc: Exception) -> KVStoreError | None:
     """Translate sqlite3/aiosqlite errors: the one place this backend does it."""
-    try:
-        yield
-    except sqlite3.OperationalError as exc:
-        raise StoreConnectionError(f"SQLite: {exc}") from exc
-    except (sqlite3.Error, ValueError) as exc:
+    if isinstance(exc, sqlite3.OperationalError):
+        return StoreConnectionError(f"SQLite: {exc}")
+    if isinstance(exc, (sqlite3.Error, ValueError)):
         # aiosqlite raises ValueError when its connection died underneath it
-        raise KVStoreError(f"SQLite: {exc}") from exc
+        return KVStoreError(f"SQLite: {exc}")
+    return None
 
 
 # -- work run on the connection's thread ---------------------------------------------
@@ -269,16 +266,15 @@ class SQLiteStore(BaseStore):
 
     async def _run(self, work: Work[T]) -> T:
         """Run ``work`` on the connection's thread in one hop (aiosqlite runs one at a time)."""
-        with _translated():
-            db = self._db
-            if db is None:
-                async with self._opening:
-                    self._check_open()
-                    if self._db is None:
-                        self._db = await self._open()
-                        await self._release_with_loop()
-                    db = self._db
-            return await _on_thread(db, work)
+        db = self._db
+        if db is None:
+            async with self._opening:
+                self._check_open()
+                if self._db is None:
+                    self._db = await self._open()
+                    await self._release_with_loop()
+                db = self._db
+        return await _on_thread(db, work)
 
     async def _write(self, work: Work[T]) -> T:
         """Run ``work`` in a BEGIN IMMEDIATE transaction, sweeping expired rows when due."""
@@ -291,12 +287,14 @@ class SQLiteStore(BaseStore):
     def _holds_connection(self) -> bool:
         return self._db is not None
 
+    def _translate(self, exc: Exception) -> KVStoreError | None:
+        return _translated_error(exc)
+
     async def _close(self) -> None:
         async with self._opening:
             if self._db is not None:
                 db, self._db = self._db, None
-                with _translated():
-                    await db.close()
+                await db.close()
 
     # -- primitives ------------------------------------------------------------------
 

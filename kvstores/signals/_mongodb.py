@@ -20,7 +20,8 @@ from typing import Any, Final
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from kvstores.backends.mongodb import _translated
+from kvstores.backends.mongodb import _translated_error
+from kvstores.base import translated
 from kvstores.signals._transport import Backoff, Sink, Transport
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class MongoDBTransport(Transport):
 
     async def _ready(self) -> None:
         if not self._indexed:
-            with _translated():
+            with translated(_translated_error):
                 await self._signals.create_index("t", expireAfterSeconds=RETENTION)
             self._indexed = True
 
@@ -59,7 +60,7 @@ class MongoDBTransport(Transport):
         self._names.add(name)
         if self._task is None:
             await self._ready()
-            with _translated():
+            with translated(_translated_error):
                 counter = await self._sequence.find_one({"_id": _COUNTER})
             self._last = 0 if counter is None else int(counter["n"])
             self._task = self.sink.spawn(self._poll())
@@ -69,7 +70,7 @@ class MongoDBTransport(Transport):
 
     async def publish(self, name: str, message: str) -> None:
         await self._ready()
-        with _translated():
+        with translated(_translated_error):
             number = await self._number()
             document = {"_id": number, "c": name, "m": message, "t": datetime.datetime.now(datetime.timezone.utc)}
             await self._signals.insert_one(document)

@@ -17,6 +17,8 @@ from typing import Any, Final
 
 import asyncpg
 
+from kvstores.backends.postgresql import _translated_error
+from kvstores.base import translated
 from kvstores.errors import StoreClosedError
 from kvstores.signals._transport import HEARTBEAT, Backoff, Sink, Transport, digest
 
@@ -88,7 +90,8 @@ class PostgreSQLTransport(Transport):
         store = self._store()
         if store is None:
             raise StoreClosedError("the signal channel's store is gone")
-        await store._query("fetchval", _NOTIFY, self._channel(name), message)
+        with translated(_translated_error):  # _query is a helper of the primitives, not one itself
+            await store._query("fetchval", _NOTIFY, self._channel(name), message)
 
     def _notified(self, connection: Any, pid: int, channel: str, payload: str) -> None:
         name = self._names.get(channel)

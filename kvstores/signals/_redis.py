@@ -18,7 +18,8 @@ from typing import Any, Final
 
 from redis.asyncio import RedisCluster
 
-from kvstores.backends.redis import _translated
+from kvstores.backends.redis import _translated_error
+from kvstores.base import translated
 from kvstores.signals._transport import HEARTBEAT, Backoff, Sink, Transport
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class RedisTransport(Transport):
         await self._send(self._head + name, message)
 
     async def _send(self, key: str, message: str) -> None:
-        with _translated:
+        with translated(_translated_error):
             await (self._client.spublish(key, message) if self._sharded else self._client.publish(key, message))
 
     async def _subscribe(self, pubsub: Any, *keys: str) -> None:

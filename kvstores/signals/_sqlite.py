@@ -21,7 +21,8 @@ from typing import Any, Final
 
 import aiosqlite
 
-from kvstores.backends.sqlite import _translated
+from kvstores.backends.sqlite import _translated_error
+from kvstores.base import translated
 from kvstores.signals._memory import MemoryTransport
 from kvstores.signals._transport import Backoff, Sink, Transport
 
@@ -66,7 +67,7 @@ class SQLiteTransport(Transport):
     async def _connection(self) -> aiosqlite.Connection:
         async with self._opening:
             if self._db is None:
-                with _translated():
+                with translated(_translated_error):
                     db = await aiosqlite.connect(self._path, timeout=self._timeout, isolation_level=None)
                     try:
                         await db.execute("PRAGMA journal_mode=WAL")
@@ -81,7 +82,7 @@ class SQLiteTransport(Transport):
         self._names.add(name)
         if self._task is None:
             db = await self._connection()
-            with _translated():
+            with translated(_translated_error):
                 rows = list(await db.execute_fetchall(_LAST))
             self._last = int(rows[0][0]) if rows else 0
             self._task = self.sink.spawn(self._poll(db))
@@ -92,7 +93,7 @@ class SQLiteTransport(Transport):
     async def publish(self, name: str, message: str) -> None:
         db = await self._connection()
         now = time.time()
-        with _translated():
+        with translated(_translated_error):
             await (await db.execute(_INSERT, (name, message, now))).close()
             if now >= self._next_prune:
                 self._next_prune = now + RETENTION / 4
