@@ -26,7 +26,7 @@ from starlette.applications import Starlette
 
 import kvstores.events
 from kvstores import MemoryStore
-from kvstores.conformance.events import notification, replay
+from kvstores.conformance.events import notification, replay, wire
 from kvstores.events import InMemoryEventStore, StoreEventStore
 from tests.support.events import RECONNECT_MS, FlakyStore, RawSession, note_of, sdk_starlette, serving, sse_events
 
@@ -194,3 +194,92 @@ async def test_the_hold_is_bounded_without_a_priming_event(monkeypatch: pytest.M
 def test_invalid_cache_size_rejected(count: Any) -> None:
     with pytest.raises(ValueError):
         StoreEventStore(FlakyStore(None), cache_events_per_stream=count)
+
+
+# -- following a stream another process appends to (kvstores.events live mode) ----------
+
+
+def _final(request_id: int) -> types.JSONRPCResponse:
+    return types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result={"content": []})
+
+
+async def _follow(follower: StoreEventStore, last_event_id: str, **options: Any) -> tuple[asyncio.Task[Any], Any]:
+    from kvstores.conformance.events import Recorder
+
+    sent = Recorder()
+    return asyncio.create_task(follower.follow_events_after(last_event_id, sent, **options)), sent
+
+
+@pytest.mark.parametrize("signals", [True, False], ids=["signals", "polling"])
+async def test_a_follower_sends_what_another_process_stores_once_in_order(
+    store: Any, peer_store: Any, signals: bool
+) -> None:
+    runner = StoreEventStore(store, live=True)
+    follower = StoreEventStore(peer_store if signals else FlakyStore(peer_store))  # a foreign store: no channel
+    first = await runner.store_event("7", None)
+    ids = [await runner.store_event("7", notification(0))]
+    task, sent = await _follow(follower, first)
+    for i in range(1, 40):  # more than a read window, some in bursts
+        ids.append(await runner.store_event("7", notification(i)))
+        if i % 7 == 0:
+            await asyncio.sleep(0.05)
+    ids.append(await runner.store_event("7", _final(7)))
+    assert await asyncio.wait_for(task, 5) is None  # the response ends with the final response
+    assert sent.ids == ids
+    assert sent.messages[:-1] == [wire(notification(i)) for i in range(40)]
+
+
+async def test_a_follower_answers_for_a_runner_that_died(
+    store: Any, peer_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kvstores.events, "LEASE_TTL", 0.4)
+    monkeypatch.setattr(kvstores.events, "LEASE_REFRESH", 0.1)
+    runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
+    first = await runner.store_event("12", None)
+    note = await runner.store_event("12", notification(1))
+    task, sent = await _follow(follower, first)
+    await asyncio.sleep(1.0)
+    assert not task.done()  # the runner renews its lease: the call goes on
+    assert runner._lease is not None
+    runner._lease.cancel()  # the runner dies: its lease is not renewed any more
+    died = time.monotonic()
+    assert await asyncio.wait_for(task, 5) is None
+    assert time.monotonic() - died < 0.4 + 1
+    assert sent.ids == [note, None]
+    error = sent.events[-1].message
+    assert isinstance(error, types.JSONRPCError) and error.id == 12
+    assert error.error.code == types.INTERNAL_ERROR and error.error.message == kvstores.events.STOPPED_MESSAGE
+
+
+async def test_a_follower_never_skips_a_lost_event(
+    store: Any, peer_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kvstores.events, "_HOLE_GRACE", 0.2)
+    flaky = FlakyStore(store)
+    runner, follower = StoreEventStore(flaky, live=True), StoreEventStore(peer_store)
+    first = await runner.store_event("s1", None)
+    task, sent = await _follow(follower, first)
+    kept = await runner.store_event("s1", notification(1))
+    flaky.down = True
+    await runner.store_event("s1", notification(2))  # lost: the store failed
+    flaky.down = False
+    await runner.store_event("s1", notification(3))
+    assert await asyncio.wait_for(task, 5) is None
+    assert sent.ids == [kept, None]
+    error = sent.events[-1].message
+    assert isinstance(error, types.JSONRPCError) and error.id == "s1" and "lost" in error.error.message
+
+
+async def test_a_follower_keeps_to_its_session_and_leaves_the_get_stream_to_the_transport(
+    store: Any, peer_store: Any
+) -> None:
+    runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
+    mine = await runner.store_event("2:ab:5", None)
+    await runner.store_event("2:ab:5", notification(1))
+    task, sent = await _follow(follower, mine, stream_prefix="2:cd:")
+    assert (await asyncio.wait_for(task, 5), sent.events) == (None, [])  # another session's stream
+    get = await runner.store_event("2:ab:_GET_stream", None)
+    later = await runner.store_event("2:ab:_GET_stream", notification(2))
+    task, sent = await _follow(follower, get, stream_prefix="2:ab:")
+    assert await asyncio.wait_for(task, 5) == "2:ab:_GET_stream"  # replayed, not followed: it never ends
+    assert sent.ids == [later]
