@@ -2,8 +2,10 @@
 
 ``python -m kvstores._demo_server --store URL --port PORT --name NAME`` serves
 :func:`kvstores.harness.state_server` on the store at URL through
-:func:`kvstores.sessions.http_app` with uvicorn on ``127.0.0.1:PORT``, plus a ``server_name``
-tool answering NAME, so that the demo shows which process answered each request.
+:func:`kvstores.sessions.http_app` with uvicorn on ``127.0.0.1:PORT`` (events in a
+:class:`kvstores.events.StoreEventStore` on the same store), plus a ``server_name`` tool
+answering NAME, so that the demo shows which process answered each request, and
+``count_to``, a call that streams one progress notification per step.
 """
 
 from __future__ import annotations
@@ -12,12 +14,17 @@ import argparse
 import asyncio
 
 import uvicorn
+from fastmcp import Context
 
+from kvstores.events import StoreEventStore
 from kvstores.harness import state_server
 from kvstores.registry import open_store
 from kvstores.sessions import http_app
 
 __all__ = ["main"]
+
+_RETRY_MS = 300
+"""How long a client whose stream was cut waits before it resumes."""
 
 
 async def _serve(store_url: str, port: int, name: str) -> None:
@@ -29,9 +36,16 @@ async def _serve(store_url: str, port: int, name: str) -> None:
             """Which of the demo's server processes answered."""
             return name
 
-        config = uvicorn.Config(
-            http_app(mcp, store=store), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
-        )
+        @mcp.tool
+        async def count_to(steps: int, ctx: Context) -> str:
+            """Report steps 1..steps, 0.2 s apart, each naming this server; then answer."""
+            for step in range(1, steps + 1):
+                await ctx.report_progress(step, steps, f"step {step} (run by server {name})")
+                await asyncio.sleep(0.2)
+            return f"counted to {steps} on server {name}"
+
+        app = http_app(mcp, store=store, event_store=StoreEventStore(store), retry_interval=_RETRY_MS)
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1)
         await uvicorn.Server(config).serve()
 
 

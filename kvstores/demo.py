@@ -7,10 +7,11 @@ its TTL, and an explicit session surviving a server restart. Between phases the 
 is restarted: the store is closed and opened again from its URL, and a new FastMCP is
 built on it.
 
-The last scene runs two real server processes (``python -m kvstores._demo_server``, uvicorn
+The last scene runs three real server processes (``python -m kvstores._demo_server``, uvicorn
 serving :func:`kvstores.sessions.http_app` on the same store, on free loopback ports): a
-handshake session opened on the first continues, state and all, on the second once the first
-is killed, and is refused after the client closes it.
+streaming call on the first whose stream is cut mid-call resumes on the third, which follows
+it to its result; a handshake session opened on the first continues, state and all, on the
+second once the first is killed, and is refused after the client closes it.
 """
 
 from __future__ import annotations
@@ -183,9 +184,10 @@ async def _durable_session(demo: _Demo) -> None:
     if importlib.util.find_spec("uvicorn") is None:
         demo.step("skipped: uvicorn is not installed (it comes with fastmcp)")
         return
-    demo.step(f"two uvicorn processes serve kvstores.sessions.http_app on {demo.url}:")
-    async with _server_processes(demo.url, "A", "B") as (a, b):
-        demo.step(f"  server A (pid {a.process.pid}) on {a.url}, server B (pid {b.process.pid}) on {b.url}")
+    demo.step(f"three uvicorn processes serve kvstores.sessions.http_app on {demo.url}:")
+    async with _server_processes(demo.url, "A", "B", "C") as (a, b, c):
+        for server in (a, b, c):
+            demo.step(f"  server {server.name} (pid {server.process.pid}) on {server.url}")
         balancer = _Balancer(a)
         async with _legacy_client(balancer) as client:
             session_id = await _session(client)
@@ -193,6 +195,8 @@ async def _durable_session(demo: _Demo) -> None:
             answered_by = await _call(client, "server_name")
             demo.step(f"server {answered_by}: a handshake client (mode='legacy') opens session {session_id}")
             demo.step(f"server {answered_by}: the client sets user='Alice'")
+            await _stream_moves(demo, client, balancer, c)
+            balancer.server = a
             a.kill()
             balancer.server = b
             demo.step("server A is killed; the client's next requests go to server B, which has never seen the session")
@@ -212,6 +216,32 @@ async def _durable_session(demo: _Demo) -> None:
         refused = await _post_in_session(b.url, session_id)
         demo.step(f"server B: a request in session {session_id} -> {refused.status_code} {_error_message(refused)}")
         demo.check(refused.status_code == 404, "a closed session is refused: its id cannot be used again")
+
+
+_COUNT = 6
+_CUT_AFTER = 2
+
+
+async def _stream_moves(demo: _Demo, client: Client[Any], balancer: _Balancer, other: _ServerProcess) -> None:
+    """A streaming call on the balancer's server, cut after _CUT_AFTER steps, resumes on ``other`` and ends there."""
+    runner = balancer.server.name
+    demo.step(f"server {runner}: the client calls count_to({_COUNT}), a call that streams a progress step every 0.2 s")
+    steps: list[str] = []
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        steps.append(str(message))
+        demo.step(f"  <- {message} (the client's stream comes from server {balancer.streaming_from})")
+
+    balancer.cut_after = 1 + _CUT_AFTER  # the priming event, then one event per step
+    balancer.then = other
+    result = await client.call_tool("count_to", {"steps": _COUNT}, progress_handler=progress)
+    demo.step(f"  <- result: {result.data!r} (on the stream from server {balancer.streaming_from})")
+    expected = [f"step {step} (run by server {runner})" for step in range(1, _COUNT + 1)]
+    demo.check(
+        steps == expected and balancer.streaming_from == other.name,
+        f"the stream was cut after step {_CUT_AFTER}; the client resumed on server {other.name}, which followed the "
+        f"call still running on server {runner} through the store: every step once, in order, and the result",
+    )
 
 
 class _ServerFailed(Exception):
@@ -299,17 +329,57 @@ class _Balancer(httpx2.AsyncBaseTransport):
         self.server = server
         self.closed_with: int | None = None
         """The status of the client's DELETE, once it has closed its session."""
+        self.cut_after: int | None = None
+        """Cut the next streamed tool call's connection after this many events..."""
+        self.then: _ServerProcess | None = None
+        """...and send the requests after the cut to this server."""
+        self.streaming_from = ""
+        """The server whose stream the client reads now."""
         self._inner = httpx2.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        request.url = request.url.copy_with(port=self.server.port)
+        server = self.server
+        request.url = request.url.copy_with(port=server.port)
         response = await self._inner.handle_async_request(request)
         if request.method == "DELETE":
             self.closed_with = response.status_code
+        if response.headers.get("content-type", "").startswith("text/event-stream") and (
+            (request.method == "GET" and "last-event-id" in request.headers) or b'"tools/call"' in request.content
+        ):
+            self.streaming_from = server.name
+            if self.cut_after is not None and request.method == "POST":
+                response.stream = _Cut(response.stream, self.cut_after, self._moved)
+                self.cut_after = None
         return response
+
+    def _moved(self) -> None:
+        if self.then is not None:
+            self.server, self.then = self.then, None
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+class _Cut(httpx2.AsyncByteStream):
+    """A response body whose connection drops after ``events`` server-sent events (the network failed)."""
+
+    def __init__(self, inner: Any, events: int, on_cut: Any) -> None:
+        self.inner = inner
+        self.events = events
+        self.on_cut = on_cut
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self.inner:
+            yield chunk
+            seen += chunk.count(b"\r\n\r\n") + chunk.count(b"\n\n")
+            if seen >= self.events:
+                await self.inner.aclose()
+                self.on_cut()
+                raise httpx2.ReadError("the demo cut the connection")
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def _legacy_client(balancer: _Balancer) -> Client[StreamableHttpTransport]:
