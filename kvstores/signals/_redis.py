@@ -12,11 +12,13 @@ callback) ends with a GAP once every channel is subscribed again.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import secrets
 from typing import Any, Final
 
-from redis.asyncio import RedisCluster
+from redis.asyncio import ConnectionPool, Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 
 from kvstores.backends.redis import _translated_error
 from kvstores.base import translated
@@ -29,6 +31,24 @@ _READ_TIMEOUT: Final = 0.25  # one wait for a message: the loop checks its heart
 _CONFIRM_TIMEOUT: Final = 5.0  # listen() waits this long for the server's confirmation
 _SUBSCRIBED = frozenset({"subscribe", "ssubscribe"})
 _MESSAGES = frozenset({"message", "smessage"})
+
+
+def _listening_client(client: Any) -> tuple[Any, bool]:
+    """A client of the store's server(s) for the pub/sub connection, and whether the transport owns it.
+
+    The transport's own pool, so that closing the store never pulls its connection from under
+    the reader; a Sentinel-managed client (its pool follows failovers) is shared instead.
+    """
+    if isinstance(client, RedisCluster):
+        nodes = [ClusterNode(node.host, node.port) for node in client.startup_nodes]
+        accepted = inspect.signature(RedisCluster).parameters
+        options = {name: value for name, value in client.connection_kwargs.items() if name in accepted}
+        return RedisCluster(startup_nodes=nodes, **options), True
+    pool = client.connection_pool
+    if type(pool) is ConnectionPool:
+        own = ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
+        return Redis(connection_pool=own), True
+    return client, False
 
 
 def _text(value: Any) -> str:
@@ -105,8 +125,11 @@ class RedisTransport(Transport):
     async def _run(self) -> None:
         backoff = Backoff()
         while self.store_open:
-            pubsub = self._client.pubsub()
+            listener, owned = _listening_client(self._client)
+            pubsub = listener.pubsub()
             try:
+                if self._sharded:
+                    await listener.initialize()  # the slots map that routes SSUBSCRIBE
                 async with self._lock:
                     await self._subscribe(pubsub, self._beat, *self._wanted)
                     self._pubsub = pubsub
@@ -122,6 +145,8 @@ class RedisTransport(Transport):
                 self._unwatch()
                 try:
                     await pubsub.aclose()
+                    if owned:
+                        await listener.aclose()
                 except Exception as exc:
                     logger.debug("Redis signals: closing the pub/sub connection: %s", exc)
             await backoff.wait()
