@@ -33,7 +33,7 @@ import random
 import warnings
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, SupportsFloat, TypeVar
+from typing import Any, ClassVar, Self, SupportsFloat, TypeVar
 
 from kvstores import _telemetry
 from kvstores._batching import Coalescer
@@ -47,7 +47,7 @@ from kvstores._codec import (
     encode_values,
 )
 from kvstores._telemetry import observed
-from kvstores._urls import flag
+from kvstores._urls import flag, split_url_options
 from kvstores.errors import ConflictError, KVStoreError, StoreClosedError
 
 __all__ = [
@@ -194,13 +194,22 @@ class BaseStore(abc.ABC):
             for name in _PRIMITIVES & cls.__dict__.keys():
                 setattr(cls, name, _translating(cls.__dict__[name]))
 
-    def __init__(self, *, default_collection: str = DEFAULT_COLLECTION, batching: bool | None = False) -> None:
+    db_system: ClassVar[str]
+    """The backend's ``db.system.name`` in telemetry (``redis``, ``sqlite``...): every backend declares it."""
+
+    url_options: ClassVar[Mapping[str, Callable[[str], Any]]] = {}
+    """The store's own options in its URL's query, each with its type (``batching`` is every store's)."""
+
+    batching_default: ClassVar[bool] = True
+    """Whether the backend coalesces concurrent calls unless told otherwise (kvstores._batching)."""
+
+    def __init__(self, *, default_collection: str = DEFAULT_COLLECTION, batching: bool | None = None) -> None:
         """``batching``: coalesce concurrent single-key gets and puts into bulk calls (kvstores._batching);
-        None means on unless the environment variable ``KVSTORES_BATCHING`` says off."""
+        None means the backend's :attr:`batching_default`, unless ``KVSTORES_BATCHING`` says off."""
         check_collection(default_collection)
         self.default_collection = default_collection
         if batching is None:
-            batching = flag(os.environ.get(BATCHING_VARIABLE, "on"))
+            batching = self.batching_default and flag(os.environ.get(BATCHING_VARIABLE, "on"))
         self.batching = batching
         self._reads: Coalescer[tuple[str, str], Stored | None] | None = None
         self._writes: Coalescer[Entry, None] | None = None
@@ -216,10 +225,18 @@ class BaseStore(abc.ABC):
                 on_batch=lambda size: _telemetry.record_batch(system, "put", size),
             )
 
-    @property
-    def db_system(self) -> str:
-        """The ``db.system.name`` of this store's spans: its module's name (``redis``, ``sqlite``...)."""
-        return type(self).__module__.rpartition(".")[2]
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> Self:
+        """Open a store on ``url``: the class's :attr:`url_options` are taken out of its query and
+        converted, ``options`` override them, and the rest of the URL goes to :meth:`_from_parsed_url`."""
+        rest, query = split_url_options(url, cls.url_options)
+        return cls._from_parsed_url(rest, **{**query, **options})
+
+    @classmethod
+    def _from_parsed_url(cls, url: str, **options: Any) -> Self:
+        """The store of ``url`` (its store options taken out): by default ``cls(url, **options)``,
+        which leaves the rest of the query to the driver; backends that parse a path override it."""
+        return cls(url, **options)  # type: ignore[call-arg]  # a backend's constructor takes its URL first
 
     @functools.cached_property
     def _observer(self) -> _telemetry.Observer:

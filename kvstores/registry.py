@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 from importlib.metadata import entry_points
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
 from kvstores._urls import redact
@@ -70,5 +70,5 @@ def open_store(url: str | None = None, **options: Any) -> BaseStore:
     if not scheme:
         raise ValueError(f"{redact(url)!r} is not a store URL (expected e.g. memory://, sqlite:///file.db)")
     module_name, _, class_name = _target(scheme).partition(":")
-    module = importlib.import_module(module_name)
-    return cast(BaseStore, getattr(module, class_name).from_url(url, **options))
+    store_class: type[BaseStore] = getattr(importlib.import_module(module_name), class_name)
+    return store_class.from_url(url, **options)

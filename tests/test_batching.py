@@ -252,6 +252,7 @@ async def test_a_cancelled_call_may_still_land(batching: Backend, namespace: str
         early.cancel()
         with pytest.raises(asyncio.CancelledError):
             await early
+        await store.put("after", {})  # queued behind the batch in flight: returns once it has landed
         assert await store.get("k") == {"by": "cancelled"}
     finally:
         await store.destroy()

@@ -32,7 +32,7 @@ from kvstores import open_store
 from kvstores.errors import StoreConnectionError
 from tests.support import Backend
 from tests.support.faults import FaultProxy, through
-from tests.support.fixtures import rows
+from tests.support.fixtures import rows, rows_with
 
 pytestmark = pytest.mark.anyio
 
@@ -45,10 +45,8 @@ RECOVERY = 5.0
 """Seconds within which the same store object must work again after a heal."""
 WORKERS = 6
 """Tasks running the mixed load, each one call at a time."""
-ALL_OR_NOTHING = {"redis", "postgresql"}
-"""Rows whose put_many is atomic (a Lua script; one statement)."""
-
-networked = pytest.mark.parametrize("backend", rows("redis", "mongodb", "postgresql"), indirect=True)
+networked = pytest.mark.parametrize("backend", rows_with("proxied", "processes"), indirect=True)
+"""Every row whose one server address a loopback proxy can stand in for (one row per kind of store)."""
 
 
 @dataclass
@@ -174,7 +172,7 @@ class Load:
     def failures(self, since: float = 0.0, until: float = float("inf")) -> list[Call]:
         return [call for call in self.calls if not call.ok and since <= call.started <= until]
 
-    async def verify(self, store: Any, row: str) -> None:
+    async def verify(self, store: Any, atomic_put_many: bool) -> None:
         """Every acknowledged write readable; failed batches all-or-nothing where promised; counters sane."""
         acked = list(self.acked)
         for start in range(0, len(acked), 500):
@@ -182,7 +180,7 @@ class Load:
             got = await store.get_many(chunk)
             lost = [key for key, value in zip(chunk, got) if value != self.acked[key]]
             assert not lost, f"{len(lost)} acknowledged writes lost, e.g. {lost[:5]}"
-        if row in ALL_OR_NOTHING:
+        if atomic_put_many:
             for keys in self.failed_batches:
                 present = [value is not None for value in await store.get_many(keys)]
                 assert all(present) or not any(present), f"put_many of {keys} was partly written: {present}"
@@ -199,15 +197,15 @@ class Load:
 class Target:
     """A store through the proxy and a store straight to the server, on one namespace."""
 
-    row: str
+    backend: Backend
     proxy: FaultProxy
     store: Any
     direct: Any
 
 
-def _direct_connection(url: str, row: str) -> str:
+def _direct_connection(url: str) -> str:
     """For MongoDB, ``directConnection=true``: the proxy's address is the only one pymongo may use."""
-    if row != "mongodb":
+    if not url.startswith("mongodb"):
         return url
     parts = urlsplit(url)
     query = [*parse_qsl(parts.query), ("directConnection", "true")]
@@ -220,10 +218,10 @@ async def target(backend: Backend, namespace: str) -> AsyncIterator[Target]:
     proxy = FaultProxy(urlsplit(url).port or 0)
     proxy.start()
     try:
-        store = open_store(_direct_connection(through(url, proxy), backend.name), timeout=TIMEOUT, **options)
+        store = open_store(_direct_connection(through(url, proxy)), timeout=TIMEOUT, **options)
         direct = open_store(url, **options)
         try:
-            yield Target(backend.name, proxy, store, direct)
+            yield Target(backend, proxy, store, direct)
         finally:
             proxy.heal()
             await store.aclose()
@@ -260,8 +258,8 @@ async def test_latency_spike_slows_calls_that_still_succeed(target: Target) -> N
     assert not load.problems, load.problems
     assert not load.failures(), f"{len(load.failures())} calls failed: {load.errors}"
     assert slow and min(slow) >= 0.19, "the latency was not applied"
-    await load.verify(target.store, target.row)
-    await load.verify(target.direct, target.row)
+    await load.verify(target.store, target.backend.atomic_put_many)
+    await load.verify(target.direct, target.backend.atomic_put_many)
 
 
 @networked
@@ -287,8 +285,8 @@ async def test_blackhole_fails_fast_then_the_same_store_recovers(target: Target)
     await load.run(1.5)
     assert not load.problems, load.problems
     assert not load.failures(since=settled), f"calls failed {recovered:.1f} s after the heal: {load.errors}"
-    await load.verify(target.store, target.row)
-    await load.verify(target.direct, target.row)
+    await load.verify(target.store, target.backend.atomic_put_many)
+    await load.verify(target.direct, target.backend.atomic_put_many)
 
 
 @networked
@@ -306,8 +304,8 @@ async def test_reset_mid_reply_never_returns_a_wrong_value(target: Target) -> No
     assert load.failures(), "no call saw a reset"
     assert not load.problems, load.problems
     await assert_recovers(target.store)
-    await load.verify(target.store, target.row)
-    await load.verify(target.direct, target.row)
+    await load.verify(target.store, target.backend.atomic_put_many)
+    await load.verify(target.direct, target.backend.atomic_put_many)
 
 
 @networked
@@ -326,8 +324,8 @@ async def test_truncated_request_never_desynchronises_the_connection(target: Tar
     slowest = max(call.seconds for call in load.failures()) if load.failures() else 0.0
     assert slowest <= TIMEOUT + MARGIN, f"a call took {slowest:.2f} s to fail"
     await assert_recovers(target.store)
-    await load.verify(target.store, target.row)
-    await load.verify(target.direct, target.row)
+    await load.verify(target.store, target.backend.atomic_put_many)
+    await load.verify(target.direct, target.backend.atomic_put_many)
 
 
 @pytest.mark.parametrize("backend", rows("redis"), indirect=True)

@@ -22,7 +22,7 @@ from kvstores import open_store
 from kvstores.cli import main
 from tests.support import Backend, free_port
 from tests.support import cli_targets as targets
-from tests.support.fixtures import rows, start_row
+from tests.support.fixtures import rows_with, start_row
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -196,7 +196,7 @@ def test_bad_json_and_bad_ttl_are_one_line(tmp_path: Path) -> None:
 # -- ls, get, put, delete -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("row", rows("sqlite", "redis", "mongodb", "postgresql"))
+@pytest.mark.parametrize("row", rows_with("persistent", "processes"))
 def test_put_ls_get_delete(
     row: str, namespace: str, table: Callable[[str, str], str], capsys: pytest.CaptureFixture[str]
 ) -> None:

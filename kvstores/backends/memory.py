@@ -29,7 +29,6 @@ from urllib.parse import urlsplit
 
 from cachetools import Cache, LRUCache
 
-from kvstores._urls import split_url_options
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "MemoryStore"]
@@ -44,6 +43,10 @@ _Entry = tuple[str, float | None]  # (encoded value, monotonic expiry or None)
 class MemoryStore(BaseStore):
     """A bounded in-memory store with per-entry TTL and LRU eviction."""
 
+    db_system = "memory"
+    url_options = _QUERY_OPTIONS
+    batching_default = False  # nothing to coalesce: no round trips
+
     def __init__(
         self,
         *,
@@ -52,7 +55,7 @@ class MemoryStore(BaseStore):
         default_collection: str = DEFAULT_COLLECTION,
         batching: bool | None = None,
     ) -> None:
-        super().__init__(default_collection=default_collection, batching=False)
+        super().__init__(default_collection=default_collection, batching=False)  # whatever it is told
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self._cache: LRUCache[tuple[str, str], _Entry] = LRUCache(maxsize=max_entries)
@@ -60,12 +63,11 @@ class MemoryStore(BaseStore):
         self._next_sweep = monotonic() + sweep_interval
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> MemoryStore:
-        """Open ``memory://`` with options from the query string, overridden by ``options``."""
-        rest, query = split_url_options(url, _QUERY_OPTIONS)
-        if urlsplit(rest).query:
+    def _from_parsed_url(cls, url: str, **options: Any) -> MemoryStore:
+        """Open ``memory://`` (its options in the query)."""
+        if urlsplit(url).query:
             raise ValueError(f"unknown options in a memory:// URL; it takes {', '.join(_QUERY_OPTIONS)}, batching")
-        return cls(**{**query, **options})
+        return cls(**options)
 
     def __len__(self) -> int:
         """The number of entries held, including expired ones not yet reclaimed."""

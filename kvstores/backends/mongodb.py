@@ -73,7 +73,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kvstores._optional import missing_extra
-from kvstores._urls import split_url_options
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import DeserializationError, KVStoreError, StoreConnectionError
 
@@ -182,7 +181,15 @@ def _row(document: dict[str, Any] | None, now_ms: int) -> tuple[str | None, floa
 
 
 class MongoDBStore(BaseStore):
-    """A persistent store in one MongoDB collection, shared by every process that opens it."""
+    """A persistent store in one MongoDB collection, shared by every process that opens it.
+
+    URLs: ``mongodb://host:port/database`` or ``mongodb+srv://...``; the store's own query options
+    (``collection``, ``timeout``, ``chunk_size``, ``default_collection``, ``batching``) are taken
+    out, the rest go to pymongo.
+    """
+
+    db_system = "mongodb"
+    url_options = _QUERY_OPTIONS
 
     def __init__(
         self,
@@ -223,16 +230,6 @@ class MongoDBStore(BaseStore):
         )
         self._indexed = False
         self._index_lock = asyncio.Lock()
-
-    @classmethod
-    def from_url(cls, url: str, **options: Any) -> MongoDBStore:
-        """Open ``mongodb://host:port/database`` or ``mongodb+srv://...``; ``options`` as for the constructor.
-
-        The store's own query options (``collection``, ``timeout``, ``chunk_size``,
-        ``default_collection``, ``batching``) are taken out of the URL; the rest go to pymongo.
-        """
-        url, query = split_url_options(url, _QUERY_OPTIONS)
-        return cls(url, **{**query, **options})
 
     @property
     def database(self) -> str:

@@ -101,7 +101,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
-from kvstores._urls import flag, split_url_options
+from kvstores._urls import flag
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import ConflictError, KVStoreError, StoreConnectionError
 
@@ -377,8 +377,11 @@ class MySQLStore(BaseStore):
     """A persistent store in one MariaDB/MySQL table, shared by every process that opens it.
 
     ``table`` is the quoted name of that table; ``pool`` the asyncmy pool in use, once it is.
+    URLs: ``mysql://user:password@host:port/database?ssl=true`` (or ``mariadb://``).
     """
 
+    db_system = "mysql"
+    url_options = _STORE_QUERY_OPTIONS
     pool: asyncmy.Pool | None = None
 
     def __init__(
@@ -427,12 +430,6 @@ class MySQLStore(BaseStore):
         self._killing: set[asyncio.Task[None]] = set()
         lock = hashlib.sha256(f"{self._connect_options.get('database')}.{self.table}".encode()).hexdigest()
         self._lock_name = f"kvstores:{lock[:48]}"
-
-    @classmethod
-    def from_url(cls, url: str, **options: Any) -> MySQLStore:
-        """Open ``mysql://user:password@host:port/database?ssl=true`` (or ``mariadb://``)."""
-        url, query = split_url_options(url, _STORE_QUERY_OPTIONS)
-        return cls(url, **{**query, **options})
 
     # -- connection ------------------------------------------------------------------
 

@@ -92,7 +92,6 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from kvstores._optional import missing_extra
-from kvstores._urls import split_url_options
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored
 from kvstores.errors import KVStoreError, StoreConnectionError
 
@@ -300,6 +299,8 @@ class PostgreSQLStore(BaseStore):
     ``table`` is the quoted name of that table; ``pool`` the asyncpg pool in use, once it is.
     """
 
+    db_system = "postgresql"
+    url_options = _STORE_QUERY_OPTIONS
     pool: asyncpg.Pool[Any] | None = None
     _owns_pool = False  # class defaults: __del__ reads them even when __init__ failed
 
@@ -347,12 +348,6 @@ class PostgreSQLStore(BaseStore):
         self._ids: dict[str, tuple[bytes, bytes]] = {}
         self._releasing: set[asyncio.Task[None]] = set()
         self._lock_id = int.from_bytes(_digest(f"kvstores {self.table}".encode())[:8], "big", signed=True)
-
-    @classmethod
-    def from_url(cls, url: str, **options: Any) -> PostgreSQLStore:
-        """Open ``postgresql://user:password@host:port/database?sslmode=...`` (or ``postgres://``)."""
-        url, query = split_url_options(url, _STORE_QUERY_OPTIONS)
-        return cls(url, **{**query, **options})
 
     # -- connection ------------------------------------------------------------------
 

@@ -74,7 +74,6 @@ from urllib.parse import unquote, urlsplit
 
 from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
-from kvstores._urls import split_url_options
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import KVStoreError, StoreClosedError, StoreConnectionError
 
@@ -288,7 +287,11 @@ class RedisStore(BaseStore):
     """A store on Redis (standalone or Cluster) with native millisecond TTLs.
 
     ``client`` is the redis-py client in use and ``prefix`` the prefix of every Redis key.
+    URLs: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://`` or ``redis+sentinel://``.
     """
+
+    db_system = "redis"
+    url_options = _STORE_QUERY_OPTIONS
 
     def __init__(
         self,
@@ -323,12 +326,6 @@ class RedisStore(BaseStore):
         self._heads: dict[str, str] = {}
         self._put_script = client.register_script(_PUT_SCRIPT)
         self._swap_script = client.register_script(_SWAP_SCRIPT)
-
-    @classmethod
-    def from_url(cls, url: str, **options: Any) -> RedisStore:
-        """Open ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://`` or ``redis+sentinel://`` URLs."""
-        url, query = split_url_options(url, _STORE_QUERY_OPTIONS)
-        return cls(url, **{**query, **options})
 
     def _connect(self, url: str, timeout: float, max_connections: int, options: dict[str, Any]) -> _Client:
         backoff = ExponentialBackoff(cap=0.5, base=0.05)

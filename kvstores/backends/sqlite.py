@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from kvstores._optional import missing_extra
-from kvstores._urls import redact, split_url_options
+from kvstores._urls import redact
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import KVStoreError, StoreConnectionError
 
@@ -217,6 +217,9 @@ def _pop_row(collection: str, key: str, conn: sqlite3.Connection) -> str | None:
 class SQLiteStore(BaseStore):
     """A persistent store in one SQLite database file, safe for several processes."""
 
+    db_system = "sqlite"
+    url_options = _QUERY_OPTIONS
+
     def __init__(
         self,
         path: str | Path,
@@ -235,9 +238,8 @@ class SQLiteStore(BaseStore):
         self._opening = asyncio.Lock()
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> SQLiteStore:
+    def _from_parsed_url(cls, url: str, **options: Any) -> SQLiteStore:
         """Open ``sqlite:///rel.db``, ``sqlite:////abs.db`` or ``sqlite://:memory:``."""
-        url, query = split_url_options(url, _QUERY_OPTIONS)
         parts = urlsplit(url)
         if parts.netloc == ":memory:" or parts.path in ("/:memory:", ""):
             path = ":memory:"
@@ -249,7 +251,7 @@ class SQLiteStore(BaseStore):
             raise ValueError(
                 f"{redact(url)!r}: unknown options; SQLite URLs take {', '.join(_QUERY_OPTIONS)}, batching"
             )
-        return cls(path, **{**query, **options})
+        return cls(path, **options)
 
     # -- running work on the connection's thread -----------------------------------
 

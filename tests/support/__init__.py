@@ -49,7 +49,12 @@ A table entry (a :class:`Backend` subclass) implements:
 - Attributes, when the defaults do not fit: ``persistent`` (False: each store object has its
   own data, so no peer_store, no tenants, no other process), ``processes`` (False: skip the
   several-processes test: nothing shared, or a row that differs from another only in the client
-  object) and ``process_operations`` (operations each process of that test runs).
+  object), ``process_operations`` (operations each process of that test runs), ``server``
+  (True: the store talks to a server at a host and port), ``proxied`` (True: a loopback proxy can
+  stand in for the row's one address, for the fault tests) and ``atomic_put_many`` (False: a
+  put_many may be partly applied when the connection fails under it). Tests that run on "every
+  persistent / networked / shared backend" pick their rows by these attributes
+  (``fixtures.rows_with``), never by name, so a new backend joins them by its entry alone.
 """
 
 from __future__ import annotations
@@ -90,6 +95,12 @@ class Backend:
     """True when the several-processes test runs on this row."""
     process_operations = 2_000
     """Operations each process of the several-processes test runs."""
+    server = False
+    """True when the store talks to a server at a host and port (telemetry's ``server.address``)."""
+    proxied = False
+    """True when the row's URL names one TCP address a loopback proxy can stand in for (the fault tests)."""
+    atomic_put_many = True
+    """True when a put_many is all or nothing, also when the connection fails under it."""
 
     def start(self) -> None:
         """Start or reach the service; raise Unavailable when it cannot be had."""
@@ -118,11 +129,16 @@ def marker(name: str) -> str:
     return BACKENDS[name][0]
 
 
+def entry_class(name: str) -> type[Backend]:
+    """The class of row ``name``'s entry (imports its module, and so its driver)."""
+    module_name, _, class_name = BACKENDS[name][1].partition(":")
+    entry: type[Backend] = getattr(importlib.import_module(module_name), class_name)
+    return entry
+
+
 def load(name: str) -> Backend:
     """Instantiate the entry of row ``name``."""
-    module_name, _, class_name = BACKENDS[name][1].partition(":")
-    backend: Backend = getattr(importlib.import_module(module_name), class_name)()
-    return backend
+    return entry_class(name)()
 
 
 def is_required(service: str) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 import pytest
 
 import tests.support.hypothesis_profiles  # noqa: F401  # registers the "ci" (default) and "long" profiles
-from tests.support import BACKENDS, Backend, Unavailable, is_required, load, marker
+from tests.support import BACKENDS, Backend, Unavailable, entry_class, is_required, load, marker
 
 
 def skip_or_fail(service: str, reason: str) -> NoReturn:
@@ -29,6 +29,23 @@ def rows(*names: str) -> list[Any]:
     Use ``@pytest.mark.parametrize("backend", rows("redis"), indirect=True)`` to pick rows.
     """
     return [pytest.param(name, marks=getattr(pytest.mark, marker(name)), id=name) for name in names or BACKENDS]
+
+
+def rows_with(*attributes: str) -> list[Any]:
+    """Rows whose entry has every one of ``attributes`` true, as :func:`rows` gives them.
+
+    A row whose driver is missing is kept: it skips (or fails, when required) when it runs.
+    """
+    chosen = []
+    for name in BACKENDS:
+        try:
+            entry = entry_class(name)
+        except ImportError:
+            chosen.append(name)
+            continue
+        if all(getattr(entry, attribute) for attribute in attributes):
+            chosen.append(name)
+    return rows(*chosen)
 
 
 @pytest.fixture

@@ -115,6 +115,9 @@ class MongoDBBackend(Backend):
     """MongoDBStore from a URL: it creates and closes its own pymongo AsyncMongoClient."""
 
     name = "mongodb"
+    server = True
+    proxied = True
+    atomic_put_many = False  # an unordered bulk write may be partly applied
     process_operations = 500
     """A quarter of the default: SecantusDB is several times slower than the other servers (4 x 2,000
     operations take over 10 s there). A real MongoDB (KVSTORES_MONGODB_URL) runs the full count."""

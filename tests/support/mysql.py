@@ -238,6 +238,8 @@ class MySQLBackend(Backend):
     """MySQLStore from a URL, on a database of the session's own; one table per namespace."""
 
     name = "mysql"
+    server = True
+    proxied = True
 
     def start(self) -> None:
         self.server: MariaDBServer | None = None

@@ -109,6 +109,8 @@ class PostgreSQLBackend(Backend):
     """PostgreSQLStore from a URL, on a database of the session's own; one table per namespace."""
 
     name = "postgresql"
+    server = True
+    proxied = True
 
     def start(self) -> None:
         self.server_url = server_url()

@@ -112,6 +112,8 @@ class RedisBackend(Backend):
     """The machine's Redis on 127.0.0.1:6379, db 15; one key prefix per namespace."""
 
     name = "redis"
+    server = True
+    proxied = True
 
     def start(self) -> None:
         try:
@@ -141,6 +143,7 @@ class RedisClusterBackend(RedisBackend):
     """A 3-master Redis Cluster on free loopback ports, started and stopped here."""
 
     name = "redis-cluster"
+    proxied = False  # three nodes, each at its own address
 
     def start(self) -> None:
         if shutil.which("redis-cli") is None:
