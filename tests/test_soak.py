@@ -25,11 +25,10 @@ from typing import Any
 import pytest
 
 from kvstores.errors import KVStoreError
-from tests.support import Backend
+from tests.support import BACKENDS, Backend, entry_class
 from tests.support.fixtures import start_row
 
 SECONDS_VARIABLE = "KVSTORES_SOAK_SECONDS"
-ROWS = ("memory", "sqlite", "redis", "mongodb", "postgresql")
 KEYS = 500
 """Keys per backend: the data set stays bounded however long the run."""
 WORKERS = 3
@@ -113,40 +112,23 @@ class Soak:
 
 
 async def _server_connections(backends: dict[str, Backend]) -> dict[str, int]:
-    """Connections the servers see from this soak: Redis by client name, PostgreSQL by application name."""
-    counts: dict[str, int] = {}
-    if "redis" in backends:
-        import redis.asyncio
-
-        client = redis.asyncio.Redis.from_url(backends["redis"].url("x")[0])
-        try:
-            listing = await client.client_list()
-        finally:
-            await client.aclose()
-        counts["redis"] = sum(1 for entry in listing if entry.get("name") == CLIENT_NAME)
-    if "postgresql" in backends:
-        from tests.support.postgresql import run_sql
-
-        sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
-        url = backends["postgresql"].url("x")[0]
-        (rows,) = await asyncio.to_thread(run_sql, url, (sql, (CLIENT_NAME,)))
-        counts["postgresql"] = int(rows[0][0])
-    return counts
+    """Connections the servers see from this soak, where a row can count them (by the tag's name)."""
+    counts = {row: await backend.connections(CLIENT_NAME) for row, backend in backends.items()}
+    return {row: count for row, count in counts.items() if count is not None}
 
 
-_EXTRA_OPTIONS: dict[str, dict[str, Any]] = {
-    "redis": {"client_name": CLIENT_NAME},
-    "postgresql": {"server_settings": {"application_name": CLIENT_NAME}},
-}
+def _soak_rows() -> list[str]:
+    """One row per kind of store: every row but those that differ from another only in a client object."""
+    return [name for name in BACKENDS if (entry := entry_class(name)).processes or not entry.persistent]
 
 
 async def test_soak(started: dict[str, Backend | str], capsys: pytest.CaptureFixture[str]) -> None:
     seconds = float(os.environ[SECONDS_VARIABLE])
     backends: dict[str, Backend] = {}
-    for row in ROWS:
+    for row in _soak_rows():
         backends[row] = start_row(row, started)
     namespace = f"soak{os.getpid()}"
-    stores = {row: await backend.open(namespace, **_EXTRA_OPTIONS.get(row, {})) for row, backend in backends.items()}
+    stores = {row: await backend.open(namespace, **backend.tagged(CLIENT_NAME)) for row, backend in backends.items()}
     soak = Soak(stores)
     samples: list[Sample] = []
 

@@ -123,6 +123,14 @@ class Backend:
         """Overwrite the stored value of ``key`` (default collection) with ``raw``, bypassing ``store``."""
         raise NotImplementedError(f"{self.name}: corrupt() is not written")
 
+    def tagged(self, tag: str) -> dict[str, Any]:
+        """Store options under which the server names the store's connections ``tag`` ({}: it cannot)."""
+        return {}
+
+    async def connections(self, tag: str) -> int | None:
+        """How many connections named ``tag`` the server holds now; None when it cannot tell."""
+        return None
+
 
 def marker(name: str) -> str:
     """The pytest marker of row ``name`` (also its service's name in KVSTORES_REQUIRE)."""

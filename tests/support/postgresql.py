@@ -125,6 +125,14 @@ class PostgreSQLBackend(Backend):
     def url(self, namespace: str) -> tuple[str, dict[str, Any]]:
         return self.database_url, {"table": table_name(namespace)}
 
+    def tagged(self, tag: str) -> dict[str, Any]:
+        return {"server_settings": {"application_name": tag}}
+
+    async def connections(self, tag: str) -> int | None:
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+        (rows,) = await asyncio.to_thread(run_sql, self.database_url, (sql, (tag,)))
+        return int(rows[0][0])
+
     def corrupt(self, store: Any, key: str, raw: str | bytes | int) -> None:
         if not isinstance(raw, str):
             import pytest

@@ -133,6 +133,16 @@ class RedisBackend(Backend):
         """An asyncio client of the server, which the caller closes."""
         return redis.asyncio.Redis.from_url(REDIS_URL)
 
+    def tagged(self, tag: str) -> dict[str, Any]:
+        return {"client_name": tag}
+
+    async def connections(self, tag: str) -> int | None:
+        client = redis.asyncio.Redis.from_url(REDIS_URL)
+        try:
+            return sum(1 for entry in await client.client_list() if entry.get("name") == tag)
+        finally:
+            await client.aclose()
+
     def corrupt(self, store: Any, key: str, raw: str | bytes | int) -> None:
         with self.client() as client:
             # the documented layout: <prefix>{<collection, % { } escaped>}<key>
@@ -144,6 +154,12 @@ class RedisClusterBackend(RedisBackend):
 
     name = "redis-cluster"
     proxied = False  # three nodes, each at its own address
+
+    def tagged(self, tag: str) -> dict[str, Any]:
+        return {}  # connections are counted on the standalone row only
+
+    async def connections(self, tag: str) -> int | None:
+        return None
 
     def start(self) -> None:
         if shutil.which("redis-cli") is None:
