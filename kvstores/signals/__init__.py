@@ -35,6 +35,7 @@ Transports, one per store object whatever the number of subscribers (kvstores.si
 - PostgreSQL: LISTEN/NOTIFY on one dedicated connection (channel names are digests).
 - SQLite: a table in the store's file, appended by publish and polled every 10-40 ms by one task.
 - MongoDB: a sequenced collection with a TTL index, polled every 20-50 ms by one task.
+- MariaDB/MySQL: a table beside the store's, polled every 20-50 ms by one task on the store's pool.
 - memory (and ``sqlite://:memory:``): in-process fan-out.
 
 Subscriber callbacks never raise into the channel (they are logged), buffers are bounded (a slow
@@ -84,6 +85,7 @@ _TRANSPORTS = {
     "kvstores.backends.postgresql:PostgreSQLStore": "kvstores.signals._postgresql:PostgreSQLTransport",
     "kvstores.backends.sqlite:SQLiteStore": "kvstores.signals._sqlite:transport",
     "kvstores.backends.mongodb:MongoDBStore": "kvstores.signals._mongodb:MongoDBTransport",
+    "kvstores.backends.mysql:MySQLStore": "kvstores.signals._mysql:MySQLTransport",
 }
 
 

@@ -1,0 +1,117 @@
+"""MariaDB/MySQL signals: a table beside the store's, appended by publish and polled by one task.
+
+Layout, for a store in table T::
+
+    T_signals(id BIGINT AUTO_INCREMENT PRIMARY KEY, channel VARBINARY(1024),
+              message MEDIUMTEXT utf8mb4, created_at DATETIME(6) (UTC))
+
+MySQL has no LISTEN/NOTIFY, so this is SQLite's design on a server: the poller reads ``id >
+last`` through the store's own pool every 20 ms after traffic, backing off to every 50 ms when
+idle. InnoDB hands out ids at insert and transactions commit in any order, so a hole can be a
+publisher still committing: the poller waits for it up to HOLE_WAIT seconds (keeping order),
+then reports a GAP and moves on. Publishers delete rows older than RETENTION seconds. The table
+is created on first use (``CREATE TABLE IF NOT EXISTS``): a least-privileged user needs it made
+once by an owner, as the store's own table. ``auto_increment_increment`` above 1 (Galera) leaves
+a hole after every id: signals still arrive, each hole costing HOLE_WAIT and a GAP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Final
+
+from kvstores.backends.mysql import _translated_error
+from kvstores.base import translated
+from kvstores.errors import StoreClosedError
+from kvstores.signals._transport import Backoff, Sink, Transport
+
+logger = logging.getLogger(__name__)
+
+RETENTION: Final = 60.0
+"""Seconds a published row is kept."""
+
+HOLE_WAIT: Final = 1.0
+"""Seconds the poller waits for a missing id before it reports a GAP."""
+
+_POLL: Final = (0.02, 0.05)  # poll interval after traffic, and when idle
+_BATCH: Final = 1_000
+
+
+class MySQLTransport(Transport):
+    """One polling task for every subscriber of one channel object, on the store's pool."""
+
+    def __init__(self, store: Any, sink: Sink) -> None:
+        super().__init__(store, sink)
+        table = f"{store.table[:-1]}_signals`"  # the store's quoted table name, suffixed
+        self._create = (
+            f"CREATE TABLE IF NOT EXISTS {table} (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,"
+            " channel VARBINARY(1024) NOT NULL, message MEDIUMTEXT CHARACTER SET utf8mb4 NOT NULL,"
+            " created_at DATETIME(6) NOT NULL, KEY (created_at))"
+        )
+        self._insert = f"INSERT INTO {table} (channel, message, created_at) VALUES (%s, %s, UTC_TIMESTAMP(6))"
+        self._prune = f"DELETE FROM {table} WHERE created_at < UTC_TIMESTAMP(6) - INTERVAL %s SECOND"
+        self._last_id = f"SELECT COALESCE(MAX(id), 0) FROM {table}"
+        self._since = f"SELECT id, channel, message FROM {table} WHERE id > %s ORDER BY id LIMIT {_BATCH}"
+        self._names: set[str] = set()
+        self._created = False
+        self._task: asyncio.Task[None] | None = None
+        self._last = 0
+        self._next_prune = 0.0
+
+    async def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        store = self._store()
+        if store is None:
+            raise StoreClosedError("the signal channel's store is gone")
+        with translated(_translated_error):  # _query is a helper of the primitives, not one itself
+            if not self._created:
+                await store._query(self._create)
+                self._created = True
+            _, rows = await store._query(sql, args)
+        return list(rows)
+
+    async def listen(self, name: str) -> None:
+        self._names.add(name)
+        if self._task is None:
+            self._last = int((await self._query(self._last_id))[0][0])
+            self._task = self.sink.spawn(self._poll())
+
+    async def unlisten(self, name: str) -> None:
+        self._names.discard(name)
+
+    async def publish(self, name: str, message: str) -> None:
+        await self._query(self._insert, (name.encode(), message))
+        now = time.time()
+        if now >= self._next_prune:
+            self._next_prune = now + RETENTION / 4
+            await self._query(self._prune, (RETENTION,))
+
+    async def _poll(self) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = Backoff()
+        interval = _POLL[0]
+        hole_since: float | None = None
+        while self.store_open:
+            try:
+                rows = await self._query(self._since, (self._last,))
+            except Exception as exc:
+                logger.warning("MySQL signals: %s: %s; polling again", type(exc).__name__, exc)
+                await backoff.wait()
+                continue
+            backoff.reset()
+            interval = min(interval * 1.5, _POLL[1])
+            for row_id, name, message in rows:
+                if row_id != self._last + 1:
+                    now = loop.time()
+                    hole_since = now if hole_since is None else hole_since
+                    if now - hole_since < HOLE_WAIT:
+                        break  # perhaps a publisher still committing: wait for it
+                    self.sink.gap()
+                hole_since = None
+                interval = _POLL[0]
+                self._last = int(row_id)
+                channel = bytes(name).decode()
+                if channel in self._names:
+                    self.sink.deliver(channel, str(message))
+            await asyncio.sleep(interval)
