@@ -85,7 +85,7 @@ class Load:
             ok = True
         except StoreConnectionError as exc:
             self.errors[type(exc.__cause__).__name__] += 1
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.problems.append(f"a call hung for {time.monotonic() - started:.1f} s")
         except Exception as exc:
             self.problems.append(f"untyped error {type(exc).__module__}.{type(exc).__name__}: {exc}")

@@ -277,8 +277,8 @@ def own_server(folder: Path) -> Iterator[RedisServer]:
         yield server
 
 
-async def expect_unreachable(store: RedisStore, timeout: float) -> None:
-    """Every kind of operation raises StoreConnectionError, caused by redis-py, within the timeout."""
+async def expect_unreachable(store: RedisStore, within: float) -> None:
+    """Every kind of operation raises StoreConnectionError, caused by redis-py, within ``within`` (+3) seconds."""
     operations: list[Callable[[], Awaitable[Any]]] = [
         lambda: store.get("k1"),
         lambda: store.put("k1", {"v": 1}),
@@ -289,7 +289,7 @@ async def expect_unreachable(store: RedisStore, timeout: float) -> None:
         lambda: store.keys(),
     ]
     await assert_connection_errors(
-        operations, timeout + 3, (redis_errors.RedisError, redis_errors.RedisClusterException)
+        operations, within + 3, (redis_errors.RedisError, redis_errors.RedisClusterException)
     )
 
 
@@ -303,7 +303,7 @@ async def test_server_stopped_and_restarted(own_server: RedisServer) -> None:
     try:
         await workload(store)
         own_server.stop()
-        await expect_unreachable(store, timeout=5)
+        await expect_unreachable(store, within=5)
         own_server.start()
         await workload(store)  # the same store object, with no ceremony
         assert len(await store.keys()) == 100
@@ -316,7 +316,7 @@ async def test_server_hung_then_resumed(own_server: RedisServer) -> None:
     try:
         await workload(store)
         own_server.pause()
-        await expect_unreachable(store, timeout=0.5)
+        await expect_unreachable(store, within=0.5)
         own_server.resume()
         await workload(store)
     finally:
@@ -339,6 +339,6 @@ async def test_unix_socket(folder: Path) -> None:
 async def test_nothing_listening() -> None:
     store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout=1)
     try:
-        await expect_unreachable(store, timeout=1)
+        await expect_unreachable(store, within=1)
     finally:
         await store.aclose()

@@ -65,9 +65,9 @@ def _snapshot() -> Snapshot:
     return threads, asyncio.all_tasks(), sorted(fds)
 
 
-async def _settled(before: Snapshot | None = None, timeout: float = 5.0) -> Snapshot:
+async def _settled(before: Snapshot | None = None, within: float = 5.0) -> Snapshot:
     """A snapshot once it matches ``before`` (or, without one, the previous snapshot): threads end late."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     previous = before
     while True:
         current = _snapshot()

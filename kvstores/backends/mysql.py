@@ -93,8 +93,8 @@ import asyncio
 import contextlib
 import hashlib
 import re
-import sys
 import time
+from asyncio import timeout as _deadline
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -111,10 +111,6 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("asyncmy", "mysql") from exc
 
-if sys.version_info >= (3, 11):
-    from asyncio import timeout as _deadline
-else:  # pragma: no cover - Python 3.10: the mysql extra installs async-timeout there
-    from async_timeout import timeout as _deadline
 
 __all__ = ["DEFAULT_TABLE", "SCHEMA_VERSION", "MySQLStore"]
 

@@ -85,8 +85,8 @@ import asyncio
 import contextlib
 import hashlib
 import re
-import sys
 import time
+from asyncio import timeout as _deadline
 from collections.abc import Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -101,10 +101,6 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("asyncpg", "postgresql") from exc
 
-if sys.version_info >= (3, 11):
-    from asyncio import timeout as _deadline
-else:  # pragma: no cover - Python 3.10
-    from asyncpg.compat import timeout as _deadline
 
 __all__ = ["DEFAULT_TABLE", "SCHEMA_VERSION", "PostgreSQLStore"]
 
@@ -184,10 +180,10 @@ async def _keep_session(connection: asyncpg.Connection[Any]) -> None:
     """
 
 
-async def _release_quietly(pool: asyncpg.Pool[Any], connection: Any, timeout: float) -> None:
+async def _release_quietly(pool: asyncpg.Pool[Any], connection: Any, within: float) -> None:
     """Return ``connection`` to ``pool`` in the background; asyncpg drops it if that fails."""
     with contextlib.suppress(Exception):
-        await pool.release(connection, timeout=timeout)
+        await pool.release(connection, timeout=within)
 
 
 def _name(raw: bytes) -> str | None:

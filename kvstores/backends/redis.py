@@ -221,8 +221,8 @@ class _Gate:
     async def __aexit__(self, *exc_info: object) -> None:
         self._leave()
 
-    async def close(self, timeout: float) -> None:
-        """Let no command in from now on, and wait (up to ``timeout``) for those inside to leave.
+    async def close(self, within: float) -> None:
+        """Let no command in from now on, and wait (up to ``within`` seconds) for those inside to leave.
 
         Commands waiting for a slot fail with StoreClosedError.
         """
@@ -234,7 +234,7 @@ class _Gate:
         if self._inside:
             self._left = asyncio.Event()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._left.wait(), timeout)
+                await asyncio.wait_for(self._left.wait(), within)
 
     def _leave(self) -> None:
         self._inside -= 1

@@ -260,7 +260,7 @@ def _settings(plan: Plan | LatencyPlan) -> dict[str, Any]:
 def _document(argv: list[str], plan: Plan | LatencyPlan, results: dict[str, Any], elapsed: float) -> dict[str, Any]:
     return {
         "command": ["kvstores", "bench", *map(redact_text, argv)],
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {
             "python": platform.python_version(),
             "platform": platform.platform(),

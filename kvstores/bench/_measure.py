@@ -106,7 +106,7 @@ async def _batch(scenario: Scenario, subject: Any, calls: int, settings: Setting
         limit = _REFILL_LIMIT * settings.max_batch_seconds
         try:
             await asyncio.wait_for(scenario.refill(subject, per_task * tasks), limit)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RowSkipped(f"writing the data for {per_task * tasks} calls took over {limit:g} s") from None
     latencies: list[float] = []
     start, start_cpu = perf_counter(), process_time()

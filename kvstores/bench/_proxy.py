@@ -112,7 +112,7 @@ class LatencyProxy:
     async def _relay(self, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
         try:
             server_reader, server = await asyncio.wait_for(asyncio.open_connection(*self.upstream), 10)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             return
         up: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
         down: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()

@@ -26,7 +26,7 @@ import unicodedata
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -113,7 +113,7 @@ BAD_VALUES: list[Any] = [
     {"ninf": [-math.inf]},
     {"bytes": b"x"},
     {"set": {1, 2}},
-    {"when": datetime(2026, 1, 1, tzinfo=timezone.utc)},
+    {"when": datetime(2026, 1, 1, tzinfo=UTC)},
     {"obj": object()},
     {"decimal": Decimal("1.5")},
     {1: "int key"},

@@ -72,7 +72,7 @@ class MongoDBTransport(Transport):
         await self._ready()
         with translated(_translated_error):
             number = await self._number()
-            document = {"_id": number, "c": name, "m": message, "t": datetime.datetime.now(datetime.timezone.utc)}
+            document = {"_id": number, "c": name, "m": message, "t": datetime.datetime.now(datetime.UTC)}
             await self._signals.insert_one(document)
 
     async def _number(self) -> int:

@@ -179,7 +179,7 @@ class FaultProxy:
         self.connections += 1
         try:
             server_reader, server = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.upstream_port), 10)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             _reset(client)
             return
         link = _Link(client, server)
