@@ -62,21 +62,17 @@ def _describe(text: str) -> str:
     return repr(text) if len(text) <= 60 else repr(text[:57]) + "..."
 
 
-def _check_name(name: object, what: str) -> None:
-    if not isinstance(name, str):
-        raise InvalidKeyError(f"{what} must be a str, not {type(name).__name__}")
-    if len(name) > MAX_KEY_LENGTH:
-        raise InvalidKeyError(f"{what} is {len(name)} characters long; the limit is {MAX_KEY_LENGTH}")
-    if not name.isascii():
+def check_key(key: object, what: str = "key") -> None:
+    """Raise InvalidKeyError unless ``key`` is a valid key (``what`` names it in the message)."""
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"{what} must be a str, not {type(key).__name__}")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidKeyError(f"{what} is {len(key)} characters long; the limit is {MAX_KEY_LENGTH}")
+    if not key.isascii():
         try:
-            name.encode("utf-8")
+            key.encode("utf-8")
         except UnicodeEncodeError:
-            raise InvalidKeyError(f"{what} {_describe(name)} contains a lone surrogate") from None
-
-
-def check_key(key: object) -> None:
-    """Raise InvalidKeyError unless ``key`` is a valid key."""
-    _check_name(key, "key")
+            raise InvalidKeyError(f"{what} {_describe(key)} contains a lone surrogate") from None
 
 
 def check_keys(keys: Sequence[str]) -> None:
@@ -84,12 +80,12 @@ def check_keys(keys: Sequence[str]) -> None:
     if isinstance(keys, str):
         raise TypeError("keys must be a sequence of str, not a single str")
     for key in keys:
-        _check_name(key, "key")
+        check_key(key)
 
 
 def check_collection(collection: object) -> None:
     """Raise InvalidKeyError unless ``collection`` is a valid, non-empty collection name."""
-    _check_name(collection, "collection")
+    check_key(collection, "collection")
     if not collection:
         raise InvalidKeyError("collection must not be empty (pass None for the default collection)")
 

@@ -12,23 +12,24 @@ Metrics: the histogram ``db.client.operation.duration`` (seconds) with the same
 low-cardinality attributes, and ``kvstores.batch.size``: how many concurrent calls each
 coalesced batch carried (see kvstores._batching).
 
-Cost: nothing is recorded, and a call pays one global check, until the application installs
-an OpenTelemetry SDK (``trace.set_tracer_provider`` / ``metrics.set_meter_provider``, or the
-``OTEL_PYTHON_*_PROVIDER`` variables); without ``opentelemetry-api`` installed (the ``otel``
-extra), the check is a constant.
+Cost: none until the application installs an OpenTelemetry SDK (``trace.set_tracer_provider``
+/ ``metrics.set_meter_provider``, or the ``OTEL_PYTHON_*_PROVIDER`` variables). Each store
+decides once, at its first call: with an SDK installed by then, it binds traced versions of
+its methods on itself; without, its calls run the plain methods, with no check per call. So
+install the SDK before a store's first call (at start-up, as usual): a store already in use
+is not traced.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sized
 from contextlib import AbstractContextManager
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeVar
 
-__all__ = ["Observer", "active", "metrics", "observed", "record_batch", "trace"]
+__all__ = ["SHAPE", "Observer", "active", "metrics", "observed", "record_batch", "trace", "traced"]
 
 _MAX_COLLECTION = 256  # characters of a collection name kept in attributes
 # OpenTelemetry's recommended buckets for db.client.operation.duration
@@ -53,9 +54,9 @@ def active() -> bool:
     """True once an OpenTelemetry SDK is installed: then store calls are traced and measured.
 
     Reads the API's own globals (set by ``set_*_provider``) rather than calling
-    ``get_*_provider()``, which looks up the environment on every call: this check runs on
-    every store call. ``get_*_provider()`` is called once at import so that providers named by
-    environment variables are loaded.
+    ``get_*_provider()``, which looks up the environment on every call.
+    ``get_*_provider()`` is called once at import so that providers named by environment
+    variables are loaded.
     """
     return trace is not None and (trace._TRACER_PROVIDER is not None or metrics._internal._METER_PROVIDER is not None)
 
@@ -137,36 +138,42 @@ class Observer:
 
 Method = TypeVar("Method", bound=Callable[..., Awaitable[Any]])
 
+SHAPE = "_kvstores_shape"
+"""The attribute :func:`observed` sets on a method: where its calls name their collection."""
+
 
 def observed(shape: str) -> Callable[[Method], Method]:
-    """Decorate a public store method: trace and measure its calls while OpenTelemetry is active.
+    """Mark a public store method as one to trace and measure while OpenTelemetry is active.
 
     ``shape`` says where the call's collection is: ``key`` and ``keys`` (keyword-only; ``keys``
     also has a batch size, the length of its first argument), ``collection`` (first
-    argument), ``store`` (none). The wrapper is a plain function that returns the method's own
-    coroutine while telemetry is inactive, so an untraced call costs one check and no extra
-    coroutine.
+    argument), ``store`` (none). The method itself is left as it is: a store binds traced
+    versions on itself (:func:`traced`) only once it finds an SDK installed, so an untraced
+    call costs nothing at all.
     """
 
-    def decorate(method: Method) -> Method:
-        operation = method.__name__
+    def mark(method: Method) -> Method:
+        setattr(method, SHAPE, shape)
+        return method
 
-        @functools.wraps(method)
-        def observed_call(self: Any, *args: Any, **kwargs: Any) -> Awaitable[Any]:
-            if not active():
-                return method(self, *args, **kwargs)
-            if shape == "collection":
-                collection = args[0] if args else kwargs.get("collection")
-            else:
-                collection = kwargs.get("collection") if shape != "store" else None
-            if collection is None and shape != "store":
-                collection = self.default_collection
-            batch = len(args[0]) if shape == "keys" and args and isinstance(args[0], Sized) else None
-            observer: Observer = self._observer
-            return observer.observe(operation, collection, batch, functools.partial(method, self, *args, **kwargs))
+    return mark
 
-        if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+: still a coroutine function to inspect
-            inspect.markcoroutinefunction(observed_call)
-        return observed_call  # type: ignore[return-value]
 
-    return decorate
+def traced(store: Any, method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """``method`` (marked by :func:`observed`) of ``store``, its calls traced by ``store._observer``."""
+    shape: str = getattr(method, SHAPE)
+    operation = method.__name__
+
+    @functools.wraps(method)
+    def traced_call(*args: Any, **kwargs: Any) -> Awaitable[Any]:
+        if shape == "collection":
+            collection = args[0] if args else kwargs.get("collection")
+        else:
+            collection = kwargs.get("collection") if shape != "store" else None
+        if collection is None and shape != "store":
+            collection = store.default_collection
+        batch = len(args[0]) if shape == "keys" and args and isinstance(args[0], Sized) else None
+        observer: Observer = store._observer
+        return observer.observe(operation, collection, batch, functools.partial(method, store, *args, **kwargs))
+
+    return traced_call

@@ -185,6 +185,7 @@ class BaseStore(abc.ABC):
     """
 
     _closed = False
+    _telemetry_decided = False
     _loop_guard: AsyncGenerator[None, None] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -211,6 +212,7 @@ class BaseStore(abc.ABC):
         if batching is None:
             batching = self.batching_default and flag(os.environ.get(BATCHING_VARIABLE, "on"))
         self.batching = batching
+        self._trace_if_active()
         self._reads: Coalescer[tuple[str, str], Stored | None] | None = None
         self._writes: Coalescer[Entry, None] | None = None
         if batching:
@@ -309,13 +311,29 @@ class BaseStore(abc.ABC):
         return StoreClosedError(f"{type(self).__name__} is closed")
 
     def _check_open(self) -> None:
-        """Raise StoreClosedError once the store is closed (backends call it before (re)connecting)."""
+        """Raise StoreClosedError once the store is closed (backends call it before (re)connecting).
+
+        Every call of the protocol passes here first. Whether a store's calls are traced
+        (:mod:`kvstores._telemetry`) is decided once: when it is made, if an SDK is installed by
+        then, else at its first call, for the calls after it.
+        """
         if self._closed:
             raise self._closed_error()
+        if not self._telemetry_decided:
+            self._telemetry_decided = True
+            self._trace_if_active()
+
+    def _trace_if_active(self) -> None:
+        """Bind traced versions of the protocol's methods on this store if an SDK is installed."""
+        if _telemetry.active():
+            self._telemetry_decided = True
+            for name in _OBSERVED:
+                setattr(self, name, _telemetry.traced(self, getattr(type(self), name)))
 
     def _collection(self, collection: str | None) -> str:
         """The validated name of ``collection`` (the default for None); raise if the store is closed."""
-        self._check_open()
+        if self._closed or not self._telemetry_decided:
+            self._check_open()
         if collection is None:
             return self.default_collection
         check_collection(collection)
@@ -352,7 +370,7 @@ class BaseStore(abc.ABC):
         """Store ``value`` under ``key``, expiring after ``ttl`` seconds (None: never)."""
         name = self._collection(collection)
         check_key(key)
-        seconds = check_ttl(ttl)
+        seconds = None if ttl is None else check_ttl(ttl)
         text = encode_value(value)
         writes = self._writes
         await (self._put(name, key, text, seconds) if writes is None else writes((name, key, text, seconds)))
@@ -403,7 +421,7 @@ class BaseStore(abc.ABC):
         check_keys(keys)
         if isinstance(values, Mapping) or len(keys) != len(values):
             raise ValueError(f"put_many needs one value per key: got {len(keys)} keys and {len(values)} values")
-        seconds = check_ttl(ttl)
+        seconds = None if ttl is None else check_ttl(ttl)
         texts = encode_values(values)
         if keys:
             latest = dict(zip(keys, texts))  # duplicate keys: the last value wins
@@ -476,7 +494,7 @@ class BaseStore(abc.ABC):
         """Store ``value`` only if ``key`` has no live entry; True when it stored (one round trip)."""
         name = self._collection(collection)
         check_key(key)
-        seconds = check_ttl(ttl)
+        seconds = None if ttl is None else check_ttl(ttl)
         return await self._swap(name, key, None, encode_value(value), seconds)
 
     @observed("key")
@@ -504,7 +522,7 @@ class BaseStore(abc.ABC):
         """
         name = self._collection(collection)
         check_key(key)
-        seconds = check_ttl(ttl)
+        seconds = None if ttl is None else check_ttl(ttl)
         for attempt in range(UPDATE_ATTEMPTS):
             stored = await self._get(name, key)
             new = fn(None if stored is None else decode_value(stored, key))
@@ -655,3 +673,7 @@ class BaseStore(abc.ABC):
 
     async def _delete(self, collection: str, key: str) -> bool:
         return await self._delete_many(collection, [key]) > 0
+
+
+_OBSERVED = tuple(name for name, method in vars(BaseStore).items() if hasattr(method, _telemetry.SHAPE))
+"""The names of the public methods a traced store wraps (those marked by ``observed``)."""

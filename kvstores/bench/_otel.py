@@ -9,11 +9,13 @@ and a meter provider without readers: the cost of recording, not of exporting).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from kvstores import _telemetry
+from kvstores.base import _OBSERVED
 from kvstores.bench._measure import Within
 
 __all__ = ["NO_API", "WITH_SDK", "otel_contenders"]
@@ -36,7 +38,7 @@ def _without_api() -> Iterator[None]:
 
 
 @contextmanager
-def _with_sdk() -> Iterator[None]:
+def _with_sdk(store: Any) -> Iterator[None]:
     from opentelemetry import metrics, trace
     from opentelemetry.metrics import _internal as metrics_internal
     from opentelemetry.sdk.metrics import MeterProvider
@@ -60,9 +62,12 @@ def _with_sdk() -> Iterator[None]:
     reset()
     trace.set_tracer_provider(provider)
     metrics.set_meter_provider(MeterProvider())
+    store._trace_if_active()  # as a store made (or first used) once the SDK is installed
     try:
         yield
     finally:
+        for name in _OBSERVED:  # back to the plain methods
+            store.__dict__.pop(name, None)
         reset()
 
 
@@ -75,4 +80,4 @@ def otel_contenders(store: Any) -> dict[str, Any]:
         import opentelemetry.sdk  # noqa: F401
     except ImportError:
         return contenders
-    return {**contenders, WITH_SDK: Within(store, _with_sdk)}
+    return {**contenders, WITH_SDK: Within(store, functools.partial(_with_sdk, store))}
