@@ -65,7 +65,7 @@ def check(target: str, suite: str, *, verbose: bool = False, json_file: Path | N
         print(f"kvstores check: {missing}", file=sys.stderr)
         return 2
     from kvstores.conformance._runner import run
-    from kvstores.conformance.targets import TargetError, resolve
+    from kvstores.targets import TargetError, resolve
 
     try:
         resolved = asyncio.run(resolve(target, event_stores=suite == "events"))

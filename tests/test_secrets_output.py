@@ -22,7 +22,7 @@ import pytest
 
 from kvstores import open_store
 from kvstores._urls import redact, redact_text
-from kvstores.conformance.targets import Target
+from kvstores.targets import Target
 from tests.support import Backend, free_port
 from tests.support.fixtures import start_row
 

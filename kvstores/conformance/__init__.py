@@ -34,7 +34,7 @@ SUITE_MODULES = tuple(_SUITES.values())
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUITES:  # pytest is imported here, not with the package: kvstores.conformance.targets needs none
+    if name in _SUITES:  # pytest is imported here, not with the package: kvstores check needs none before it runs
         import pytest
 
         pytest.register_assert_rewrite(*SUITE_MODULES)

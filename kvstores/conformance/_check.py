@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from kvstores.conformance.targets import Target, close
 from kvstores.protocol import capabilities
+from kvstores.targets import Target, close
 
 _EVENT_LIMIT = 10
 _EVENT_TTL = 1.0

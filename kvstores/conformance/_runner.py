@@ -17,7 +17,7 @@ import pytest
 from kvstores._urls import redact, redact_text
 from kvstores.conformance import SUITE_MODULES
 from kvstores.conformance._base import required_by
-from kvstores.conformance.targets import Target
+from kvstores.targets import Target
 
 __all__ = ["CheckPlugin", "Result", "run"]
 

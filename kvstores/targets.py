@@ -1,9 +1,10 @@
-"""A ``kvstores check`` TARGET (a store URL or ``package.module:factory``), resolved once.
+"""A TARGET of the ``kvstores`` commands (a store URL or ``package.module:factory``), resolved once.
 
-:func:`resolve` imports the factory and opens one store from the target before any check
-runs, so that a bad target is one clear error (:class:`TargetError`) instead of the same
-failure in every check; each check then opens a fresh store with :meth:`Target.open`.
-This module does not need pytest.
+Beside the registry, which opens URLs: :func:`resolve` imports the factory (or opens the URL)
+and one store from the target before anything runs, so that a bad target is one clear error
+(:class:`TargetError`) instead of the same failure in every check or command; each check then
+opens a fresh store with :meth:`Target.open`. ``kvstores check`` and the operator's commands
+(ls, get, put, delete, copy, ping) use it. This module does not need pytest.
 """
 
 from __future__ import annotations
