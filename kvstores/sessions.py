@@ -438,12 +438,15 @@ class DurableSessionManager(StreamableHTTPSessionManager):
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
         """The SDK manager's ``run()``, also refusing at once the sessions a DELETE ends on another process."""
-        async with super().run():
-            stop = await self._watch_terminations()
-            try:
-                yield
-            finally:
-                stop()
+        try:
+            async with super().run():
+                stop = await self._watch_terminations()
+                try:
+                    yield
+                finally:
+                    stop()
+        finally:
+            await self._close_channels()  # once the sessions' tasks are gone: nothing signals any more
 
     # -- request paths -----------------------------------------------------------------
 
@@ -657,6 +660,19 @@ class DurableSessionManager(StreamableHTTPSessionManager):
             assert self._task_group is not None
             self._task_group.start_soon(self._poll_terminations)
         return lambda: None
+
+    async def _close_channels(self) -> None:
+        """Shut down: release the signal channels this manager used (another user gets a new one)."""
+        stores: list[AsyncKeyValue] = [self.registry.store]
+        if isinstance(self.shared_event_store, StoreEventStore):
+            stores.append(self.shared_event_store.store)
+        for store in stores:
+            try:
+                signals = signals_channel(store)
+            except TypeError:
+                continue
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_BOOKKEEPING_TIMEOUT):
+                await signals.aclose()
 
     def _terminated_elsewhere(self, digest: str) -> None:
         """A DELETE somewhere ended the session named ``digest``: if it is held here, refuse it from now on."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -25,6 +26,7 @@ from mcp.server.streamable_http import EventMessage, EventStore
 from starlette.applications import Starlette
 
 import kvstores.events
+import kvstores.signals
 from kvstores import MemoryStore
 from kvstores.conformance.events import notification, replay, wire
 from kvstores.events import InMemoryEventStore, StoreEventStore
@@ -203,6 +205,15 @@ def _final(request_id: int) -> types.JSONRPCResponse:
     return types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result={"content": []})
 
 
+@pytest.fixture
+async def stores(store: Any, peer_store: Any) -> AsyncIterator[tuple[Any, Any]]:
+    """``store`` and ``peer_store``; the signal channels the event stores opened on them are closed first."""
+    yield store, peer_store
+    await asyncio.sleep(0.2)  # a live event store's last signal is published from a task of its own
+    for opened in (store, peer_store):
+        await kvstores.signals.channel(opened).aclose()
+
+
 async def _follow(follower: StoreEventStore, last_event_id: str, **options: Any) -> tuple[asyncio.Task[Any], Any]:
     from kvstores.conformance.events import Recorder
 
@@ -212,8 +223,9 @@ async def _follow(follower: StoreEventStore, last_event_id: str, **options: Any)
 
 @pytest.mark.parametrize("signals", [True, False], ids=["signals", "polling"])
 async def test_a_follower_sends_what_another_process_stores_once_in_order(
-    store: Any, peer_store: Any, signals: bool
+    stores: tuple[Any, Any], signals: bool
 ) -> None:
+    store, peer_store = stores
     runner = StoreEventStore(store, live=True)
     follower = StoreEventStore(peer_store if signals else FlakyStore(peer_store))  # a foreign store: no channel
     first = await runner.store_event("7", None)
@@ -230,8 +242,9 @@ async def test_a_follower_sends_what_another_process_stores_once_in_order(
 
 
 async def test_a_follower_answers_for_a_runner_that_died(
-    store: Any, peer_store: Any, monkeypatch: pytest.MonkeyPatch
+    stores: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store, peer_store = stores
     monkeypatch.setattr(kvstores.events, "LEASE_TTL", 0.4)
     monkeypatch.setattr(kvstores.events, "LEASE_REFRESH", 0.1)
     runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
@@ -251,9 +264,8 @@ async def test_a_follower_answers_for_a_runner_that_died(
     assert error.error.code == types.INTERNAL_ERROR and error.error.message == kvstores.events.STOPPED_MESSAGE
 
 
-async def test_a_follower_never_skips_a_lost_event(
-    store: Any, peer_store: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_follower_never_skips_a_lost_event(stores: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    store, peer_store = stores
     monkeypatch.setattr(kvstores.events, "_HOLE_GRACE", 0.2)
     flaky = FlakyStore(store)
     runner, follower = StoreEventStore(flaky, live=True), StoreEventStore(peer_store)
@@ -271,8 +283,9 @@ async def test_a_follower_never_skips_a_lost_event(
 
 
 async def test_a_follower_keeps_to_its_session_and_leaves_the_get_stream_to_the_transport(
-    store: Any, peer_store: Any
+    stores: tuple[Any, Any],
 ) -> None:
+    store, peer_store = stores
     runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
     mine = await runner.store_event("2:ab:5", None)
     await runner.store_event("2:ab:5", notification(1))
