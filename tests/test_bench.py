@@ -144,7 +144,7 @@ def test_markdown_sections_are_rewritten_in_place(tmp_path: Path) -> None:
     update_markdown(page, document)
     text = page.read_text()
     assert text.startswith("# prose kept\n") and text.endswith("more prose\n")
-    assert text.count("old") == 1, "only the batching-latency section, which this document does not fill, is kept"
+    assert text.count("old") == 2, "only the batching-latency and signals sections, not filled here, are kept"
     assert "<!-- kvstores bench: batching-latency -->\nold\n" in text
     assert "| StoreEventStore replay vs fastmcp EventStore (memory) | `memory://` | >= 5.0x | 2.10x |" in text
     assert "- StoreEventStore replay vs fastmcp EventStore (memory) on memory://: needs >= 5.0x" in text
@@ -179,3 +179,35 @@ def test_batching_latency_runs_through_the_proxy(backend: Backend, namespace: st
     section = page.read_text().partition("<!-- kvstores bench: batching-latency -->")[2]
     assert "#### `redis://127.0.0.1:6379/15?prefix=" in section and "| get | 4 | 2 |" in section
     assert page.read_text().count("old") == len(SECTIONS) - 1, "a batching-latency run fills its own section only"
+
+
+def test_signals_deliver_every_event_once_across_processes(tmp_path: Path) -> None:
+    pytest.importorskip("mcp")
+    url = f"sqlite:///{tmp_path}/signals.db"
+    document = _bench("--signals", "--events", "5", "--streams", "1,3", url, cwd=tmp_path)
+    assert document["settings"]["signals"]["events_per_stream"] == 5
+    rows = _measured(document["rows"])
+    assert rows == document["rows"], [row.get("skipped") for row in document["rows"]]
+    assert {(row["operation"], row["concurrency"]) for row in rows} == {
+        (operation, streams) for operation in ("signal", "follow") for streams in (1, 3)
+    }
+    for row in rows:
+        assert (row["group"], row["backend"], row["replicas"]) == ("signals", "sqlite", "two processes")
+        figures = row["contenders"]["kvstores"]
+        assert figures["sent"] == figures["delivered"] == 5 * row["concurrency"]
+        assert (figures["lost"], figures["duplicated"]) == (0, 0)
+        assert 0 < figures["p50_ms"] <= figures["p99_ms"] and figures["events_per_second"] > 0
+    judged = {target["target"]: target for target in document["targets"]}
+    assert set(judged) == {
+        "SQLiteStore signal and follow p99 <= 100 ms (sqlite)",
+        "SQLiteStore signal and follow: no lost or duplicated event",
+    }
+    assert judged["SQLiteStore signal and follow: no lost or duplicated event"]["met"] is True
+    page = tmp_path / "BENCHMARKS.md"
+    page.write_text(
+        "".join(f"<!-- kvstores bench: {name} -->\nold\n<!-- /kvstores bench: {name} -->\n" for name in SECTIONS)
+    )
+    update_markdown(page, document)
+    section = page.read_text().partition("<!-- kvstores bench: signals -->")[2]
+    assert "| follow | 3 | kvstores |" in section and "no lost or duplicated event" in section
+    assert page.read_text().count("old") == len(SECTIONS) - 1, "a signals run fills its own section only"

@@ -1,7 +1,8 @@
 """``kvstores bench``: measure stores side by side with their raw drivers and py-key-value-aio.
 
 Usage: ``kvstores bench [TARGET ...] [--compare] [--quick] [--scaling] [--json FILE] [--plot FILE.png]
-[--markdown FILE.md]`` or ``kvstores bench --batching-latency [--latency MS] TARGET ...``
+[--markdown FILE.md]``, ``kvstores bench --batching-latency [--latency MS] TARGET ...`` or
+``kvstores bench --signals [--streams N,N] [--events N] TARGET ...``
 (``python -m kvstores.bench ...`` is the same command).
 
 TARGET is any store URL; the default is ``memory://`` and a temporary SQLite file. Each
@@ -28,6 +29,15 @@ row shows the median and p99 round time of both, and the targets require batchin
 slower than off within :data:`kvstores.bench._targets.BATCHING_TOLERANCE`, at every C and K.
 The run is bounded: ``--rounds`` (default 10) and a wall-clock cap of 15 minutes (3 with
 ``--quick``), past which the remaining rows are skipped and say so.
+
+``--signals`` measures cross-replica delivery instead (:mod:`kvstores.bench._signals`): for each
+TARGET, a second process (replica A; in process for ``memory://``) publishes on the signal
+channel and stores events in a live StoreEventStore, ``--events`` per stream (default 200; 50
+with ``--quick``) on each of ``--streams`` concurrent streams (default 1,64), while this process
+(replica B) listens and follows; each row shows p50/p99 delivery latency, events/s, and the
+events lost and duplicated, beside mcp-persist's ``subscribe()`` on Redis and PostgreSQL. The
+targets are limits: p99 per backend and no lost or duplicated event, in every row. Capped at
+15 minutes of wall clock (3 with ``--quick``).
 
 ``--load FILE`` reads a document ``--json`` wrote instead of measuring, and re-judges the
 targets; with ``--markdown FILE.md`` and ``--plot`` this regenerates BENCHMARKS.md's tables
@@ -61,6 +71,7 @@ from kvstores._urls import redact, redact_text
 from kvstores.bench._measure import Settings
 from kvstores.bench._report import plot, print_tables, update_markdown
 from kvstores.bench._run import LatencyPlan, Plan, Progress, run_batching_latency, run_target
+from kvstores.bench._signals import DRAIN_SECONDS, SignalsPlan, run_signals
 from kvstores.bench._targets import evaluate
 
 __all__ = ["main"]
@@ -92,6 +103,9 @@ _FULL = Plan(
 _LATENCY_QUICK = (Settings(rounds=3, slice_seconds=0.05, max_batch_seconds=2.0), 180.0)
 _LATENCY_FULL = (Settings(rounds=10, slice_seconds=0.2, max_batch_seconds=5.0), 900.0)
 """Batching-through-latency runs: (settings, wall-clock cap in seconds)."""
+_SIGNALS_QUICK = (50, 180.0)
+_SIGNALS_FULL = (200, 900.0)
+"""Cross-replica delivery runs: (default events per stream, wall-clock cap in seconds)."""
 _LARGE = {"memory": (1_000, 100_000, 1_000_000), "sqlite": (1_000, 100_000, 1_000_000), "other": (1_000, 100_000)}
 _FAMILIES = ("memory", "sqlite", "redis", "mongodb", "postgresql")
 
@@ -154,6 +168,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N,N,...",
         help="--batching-latency: collections a round spreads over",
     )
+    parser.add_argument(
+        "--signals",
+        action="store_true",
+        help="instead: cross-replica event delivery latency (signal channel, live event store, mcp-persist)",
+    )
+    parser.add_argument(
+        "--streams", type=_lengths, default=(1, 64), metavar="N,N,...", help="--signals: concurrent streams per row"
+    )
+    parser.add_argument("--events", type=int, metavar="N", help="--signals: events per stream (default 200)")
     parser.add_argument("--rounds", type=int, help="measured rounds per row (after one warm-up round)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="write plots (needs matplotlib: kvstores[plot])")
@@ -205,6 +228,23 @@ def _latency_plan(options: argparse.Namespace) -> LatencyPlan:
     return LatencyPlan(options.latency / 1e3, options.callers, options.collections, settings, budget)
 
 
+def _signals_plan(options: argparse.Namespace) -> SignalsPlan:
+    events, budget = _SIGNALS_QUICK if options.quick else _SIGNALS_FULL
+    return SignalsPlan(options.streams, options.events or events, budget)
+
+
+async def _run_signals(targets: dict[str, str], plan: SignalsPlan, progress: Progress) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    errors: dict[str, str] = {}
+    deadline = time.monotonic() + plan.budget_seconds
+    for label, url in targets.items():
+        try:
+            rows += await run_signals(label, url, plan, deadline, progress)
+        except Exception as exc:  # one failing target must not lose the others' results
+            errors[label] = redact_text(f"{type(exc).__name__}: {exc}", url)
+    return {"rows": rows, "scaling": {}, "errors": errors}
+
+
 async def _run_latency(targets: dict[str, str], plan: LatencyPlan, progress: Progress) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     errors: dict[str, str] = {}
@@ -233,7 +273,16 @@ async def _run_all(targets: dict[str, str], plan: Plan, progress: Progress) -> d
     return {"rows": rows, "scaling": scaling, "errors": errors}
 
 
-def _settings(plan: Plan | LatencyPlan) -> dict[str, Any]:
+def _settings(plan: Plan | LatencyPlan | SignalsPlan) -> dict[str, Any]:
+    if isinstance(plan, SignalsPlan):
+        return {
+            "signals": {
+                "streams": list(plan.streams),
+                "events_per_stream": plan.events,
+                "budget_seconds": plan.budget_seconds,
+                "drain_seconds": DRAIN_SECONDS,
+            }
+        }
     if isinstance(plan, LatencyPlan):
         return {
             "rounds": plan.settings.rounds,
@@ -257,7 +306,9 @@ def _settings(plan: Plan | LatencyPlan) -> dict[str, Any]:
     }
 
 
-def _document(argv: list[str], plan: Plan | LatencyPlan, results: dict[str, Any], elapsed: float) -> dict[str, Any]:
+def _document(
+    argv: list[str], plan: Plan | LatencyPlan | SignalsPlan, results: dict[str, Any], elapsed: float
+) -> dict[str, Any]:
     return {
         "command": ["kvstores", "bench", *map(redact_text, argv)],
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -275,7 +326,13 @@ def _document(argv: list[str], plan: Plan | LatencyPlan, results: dict[str, Any]
 
 def _measure(argv: list[str], options: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark ``options`` describe; return the results document."""
-    plan = _latency_plan(options) if options.batching_latency else _plan(options)
+    plan: Plan | LatencyPlan | SignalsPlan
+    if options.signals:
+        plan = _signals_plan(options)
+    elif options.batching_latency:
+        plan = _latency_plan(options)
+    else:
+        plan = _plan(options)
     try:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as RichProgressBar
@@ -287,7 +344,9 @@ def _measure(argv: list[str], options: argparse.Namespace) -> dict[str, Any]:
         targets = {redact(url): url for url in options.targets} or defaults  # label: URL
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with RichProgressBar(*columns, transient=True) as bar:
-            if isinstance(plan, LatencyPlan):
+            if isinstance(plan, SignalsPlan):
+                results = asyncio.run(_run_signals(targets, plan, _RichProgress(bar)))
+            elif isinstance(plan, LatencyPlan):
                 results = asyncio.run(_run_latency(targets, plan, _RichProgress(bar)))
             else:
                 results = asyncio.run(_run_all(targets, plan, _RichProgress(bar)))
@@ -306,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--batching-latency needs --latency >= 0 and numbers in --callers and --collections")
         if min(options.callers + options.collections) < 1:
             parser.error("--callers and --collections take numbers >= 1")
+    if options.signals:
+        if options.batching_latency:
+            parser.error("--signals and --batching-latency are two runs: choose one")
+        if not options.streams or min(options.streams) < 1 or (options.events is not None and options.events < 1):
+            parser.error("--signals needs --streams and --events of numbers >= 1")
     # py-key-value warns that its MongoDB store's API is unstable, on every use: noise here
     warnings.filterwarnings("ignore", message="A configured store is unstable", category=UserWarning)
     if options.load:

@@ -5,7 +5,8 @@ between ``<!-- kvstores bench: NAME -->`` and ``<!-- /kvstores bench: NAME -->``
 of :data:`SECTIONS`), and :func:`update_markdown` rewrites what is between them from a results
 document, e.g. ``kvstores bench --load benchmarks/results/bench.json --markdown benchmarks/BENCHMARKS.md``.
 A document fills the sections of its kind only: a ``--batching-latency`` run's the
-``batching-latency`` section (its rows and its targets), any other run's the others.
+``batching-latency`` section (its rows and its targets), a ``--signals`` run's the ``signals``
+section (likewise), any other run's the others.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from kvstores._optional import missing_extra
 from kvstores.bench._run import BATCHING_OFF
 from kvstores.bench._scenarios import size_label
+from kvstores.bench._signals import SIGNALS_GROUP
 
 __all__ = ["SECTIONS", "markdown_sections", "misses", "plot", "print_tables", "update_markdown"]
 
@@ -32,7 +34,20 @@ _BATCHING_COLUMNS = (
     "off p99 ms",
     "on/off p99",
 )
+_SIGNALS_COLUMNS = (
+    "operation",
+    "streams",
+    "contender",
+    "p50 ms",
+    "p99 ms",
+    "events/s",
+    "sent",
+    "lost",
+    "duplicated",
+    "errors on A",
+)
 _BATCHING = "batching"  # the group of the batching-through-latency rows
+_OWN_SECTIONS = (_BATCHING, SIGNALS_GROUP)  # groups whose rows and targets have a section of their own
 _TEXT = frozenset({"worst row", "met"})
 
 
@@ -63,9 +78,29 @@ def _batching_cells(row: dict[str, Any]) -> list[str]:
     return cells
 
 
+def _signals_lines(row: dict[str, Any]) -> list[list[str]]:
+    """A ``--signals`` row under :data:`_SIGNALS_COLUMNS`: one line per contender."""
+    cells = [str(row["operation"]), str(row["concurrency"])]
+    if "skipped" in row:
+        return [[*cells, "", f"skipped: {row['skipped']}", *[""] * (len(_SIGNALS_COLUMNS) - 4)]]
+    lines = []
+    for name, figures in row["contenders"].items():
+        latency = [f"{figures[key]:,.2f}" if key in figures else "-" for key in ("p50_ms", "p99_ms")]
+        counts = [str(figures.get(key, 0)) for key in ("sent", "lost", "duplicated", "errors")]
+        lines.append([*cells, name, *latency, f"{figures['events_per_second']:,.0f}", *counts])
+        if "first_error" in figures:
+            lines.append([*cells, name, f"first error on A: {figures['first_error']}", *[""] * 6])
+    lines += [[*cells, "", failure, *[""] * (len(_SIGNALS_COLUMNS) - 4)] for failure in row.get("failures", [])]
+    return lines
+
+
+def _group(rows: list[dict[str, Any]], group: str) -> list[dict[str, Any]]:
+    return [row for row in rows if row["group"] == group]
+
+
 def _split(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(the batching-through-latency rows, the others)."""
-    return [row for row in rows if row["group"] == _BATCHING], [row for row in rows if row["group"] != _BATCHING]
+    """(the batching-through-latency rows, the others but the ``--signals`` rows)."""
+    return _group(rows, _BATCHING), [row for row in rows if row["group"] not in _OWN_SECTIONS]
 
 
 def _by_url(rows: list[dict[str, Any]]) -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
@@ -87,6 +122,9 @@ def misses(targets: list[dict[str, Any]]) -> list[str]:
     for result in targets:
         if result["met"]:
             continue
+        if "maximum" in result:
+            lines.append(_limit_miss(result))
+            continue
         if result["median_ratio"] is None:
             got = f"not measured ({result['skipped_rows']} rows skipped or failed)"
         else:
@@ -95,6 +133,30 @@ def misses(targets: list[dict[str, Any]]) -> list[str]:
         needs = f"needs >= {result['minimum']}x{' in every row' if result.get('every_row') else ''}"
         lines.append(f"{result['target']} on {result['url']}: {needs}, {got}")
     return lines
+
+
+def _limit_miss(result: dict[str, Any]) -> str:
+    needs = f"needs <= {result['maximum']:g} {result['unit']} in every row"
+    if result["worst"] is None:
+        got = f"not measured ({result['skipped_rows']} rows skipped or failed)"
+    else:
+        got = f"worst {result['worst']:g} {result['unit']} ({result['worst_row']})"
+        if result["skipped_rows"]:
+            got += f", {result['skipped_rows']} rows skipped or failed"
+    return f"{result['target']} on {result['url']}: {needs}, {got}"
+
+
+def _limit_cells(result: dict[str, Any]) -> list[str]:
+    """A judged :class:`~kvstores.bench._targets.Limit`: target, URL, needs, worst, worst row, rows, met."""
+    worst = "-" if result["worst"] is None else f"{result['worst']:g} {result['unit']}"
+    return [
+        result["target"],
+        result["url"],
+        f"<= {result['maximum']:g} {result['unit']}",
+        worst,
+        result["worst_row"] or "-",
+        f"{result['rows']}" + (f" (+{result['skipped_rows']} skipped)" if result["skipped_rows"] else ""),
+    ]
 
 
 def _console() -> Any:
@@ -112,6 +174,7 @@ def print_tables(rows: list[dict[str, Any]], targets: list[dict[str, Any]]) -> N
     from rich.table import Table
 
     console = _console()
+    signals = _group(rows, SIGNALS_GROUP)
     latency, rows = _split(rows)
     for url, (mine, baselines) in _by_url(rows).items():
         table = Table(title=f"kvstores bench {url}", title_justify="left")
@@ -128,6 +191,27 @@ def print_tables(rows: list[dict[str, Any]], targets: list[dict[str, Any]]) -> N
         for row in mine:
             table.add_row(*(escape(cell) for cell in _batching_cells(row)))
         console.print(table)
+    for url, (mine, _) in _by_url(signals).items():
+        title = f"kvstores bench --signals {url} (store -> follower on another replica; {mine[0].get('replicas')})"
+        table = Table(title=title, title_justify="left")
+        for column in _SIGNALS_COLUMNS:
+            table.add_column(column, justify="left" if column in ("operation", "contender") else "right")
+        for row in mine:
+            for line in _signals_lines(row):
+                table.add_row(*(escape(cell) for cell in line))
+        console.print(table)
+    limits = [result for result in targets if "maximum" in result]
+    targets = [result for result in targets if "maximum" not in result]
+    if limits:
+        table = Table(title="limits (every row must keep them)", title_justify="left")
+        for column in ("target", "url", "needs", "worst", "worst row", "rows", "met"):
+            table.add_column(column, justify="left" if column in ("target", "url", "worst row") else "right")
+        for result in limits:
+            met = "yes" if result["met"] else "[bold red]NO[/]"
+            table.add_row(*(escape(cell) for cell in _limit_cells(result)), met)
+        console.print(table)
+    for missed in misses(limits):
+        console.print(f"[bold red]MISSED[/] {escape(missed)}")
     if not targets:
         return
     table = Table(title="targets (ratio = kvstores ÷ baseline; median over rows)", title_justify="left")
@@ -145,8 +229,8 @@ def print_tables(rows: list[dict[str, Any]], targets: list[dict[str, Any]]) -> N
             "yes" if result["met"] else "[bold red]NO[/]",
         )
     console.print(table)
-    for line in misses(targets):
-        console.print(f"[bold red]MISSED[/] {escape(line)}")
+    for missed in misses(targets):
+        console.print(f"[bold red]MISSED[/] {escape(missed)}")
 
 
 def _table(header: list[str], lines: list[list[str]], text_columns: int) -> str:
@@ -219,23 +303,51 @@ def _batching_markdown(rows: list[dict[str, Any]], targets: list[dict[str, Any]]
     return "\n\n".join([*parts, judged])
 
 
+def _signals_markdown(rows: list[dict[str, Any]], limits: list[dict[str, Any]]) -> str:
+    parts = []
+    for url, (mine, _) in _by_url(rows).items():
+        lines = [[cell.replace("|", "\\|") for cell in line] for row in mine for line in _signals_lines(row)]
+        parts.append(f"#### `{url}` ({mine[0].get('replicas')})\n\n" + _table(list(_SIGNALS_COLUMNS), lines, 3))
+    if limits:
+        lines = [
+            [cell.replace("|", "\\|") for cell in [*_limit_cells(result), "yes" if result["met"] else "**no**"]]
+            for result in limits
+        ]
+        for line in lines:
+            line[1] = f"`{line[1]}`"
+        header = ["target", "target URL", "needs", "worst", "worst row", "rows", "met"]
+        judged = _table(header, lines, 2)
+        missed = misses(limits)
+        if missed:
+            judged += "\n\nMissed:\n\n" + "\n".join(f"- {line}" for line in missed)
+        parts.append(judged)
+    else:
+        parts.append("No target was judged (no row was measured).")
+    return "\n\n".join(parts)
+
+
 def markdown_sections(document: dict[str, Any]) -> dict[str, str]:
     """BENCHMARKS.md's generated sections that ``document`` fills, by name."""
+    signals = _group(document["rows"], SIGNALS_GROUP)
     latency, rows = _split(document["rows"])
     batching_targets = [result for result in document["targets"] if result.get("group") == _BATCHING]
+    own = [result for result in document["targets"] if result.get("group") in _OWN_SECTIONS]
     sections = {}
-    if rows or not latency:
+    if rows or not (latency or signals):
         sections = {
-            "targets": _targets_markdown([result for result in document["targets"] if result not in batching_targets]),
+            "targets": _targets_markdown([result for result in document["targets"] if result not in own]),
             "results": _results_markdown(rows),
             "concurrency": _concurrency_markdown(document.get("scaling", {}).get("concurrency", [])),
         }
     if latency:
         sections["batching-latency"] = _batching_markdown(latency, batching_targets)
+    if signals:
+        limits = [result for result in document["targets"] if result.get("group") == SIGNALS_GROUP]
+        sections["signals"] = _signals_markdown(signals, limits)
     return sections
 
 
-SECTIONS = ("targets", "results", "concurrency", "batching-latency")
+SECTIONS = ("targets", "results", "concurrency", "batching-latency", "signals")
 """The names of the generated sections, in page order."""
 
 

@@ -8,8 +8,12 @@ success: the *median* ratio over the rows it covers must reach ``minimum`` (with
 the worst ratio must); the worst row is reported beside it. A target whose baseline ran
 but whose every row was skipped or failed is a miss ("not measured"), never silently absent.
 
-To add a target, add a :class:`Target` to :data:`TARGETS`; to add a baseline, see
-:mod:`kvstores.bench._baselines`.
+A :class:`Limit` is a target without a baseline: a figure of kvstores' own that must stay within
+a bound in every row it covers (the ``--signals`` rows: p99 delivery latency per backend, and
+no lost or duplicated event). It is judged whenever its rows are in the run.
+
+To add a target, add a :class:`Target` or a :class:`Limit` to :data:`TARGETS`; to add a
+baseline, see :mod:`kvstores.bench._baselines`.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from kvstores.bench._scenarios import (
     SINGLE_OPERATIONS,
     size_label,
 )
+from kvstores.bench._signals import SIGNALS_GROUP
 
-__all__ = ["BATCHING_TOLERANCE", "RAW", "TARGETS", "Target", "evaluate", "row_label"]
+__all__ = ["BATCHING_TOLERANCE", "RAW", "SIGNAL_LIMITS", "TARGETS", "Limit", "Target", "evaluate", "row_label"]
 
 RAW = "raw"
 """As a target's baseline: the raw driver of each row's backend (``aiosqlite``, ``redis.asyncio``...)."""
@@ -89,6 +94,72 @@ class Target:
         return float(theirs / ours if self.metric in _LOWER_IS_BETTER else ours / theirs)
 
 
+@dataclass(frozen=True)
+class Limit:
+    """A bound on one of kvstores' own figures, e.g. p99 <= 50 ms: every row it covers must keep it."""
+
+    label: str
+    """Shown in reports; ``{store}`` and ``{backend}`` are filled in."""
+    metrics: tuple[str, ...]
+    """Figures of the ``kvstores`` contender; their sum is compared (e.g. lost + duplicated)."""
+    maximum: float
+    unit: str
+    operations: tuple[str, ...]
+    group: str = SIGNALS_GROUP
+    backend: str | None = None
+    """Backend family the rows come from; None: every backend, each judged on its own."""
+
+    def covers(self, row: dict[str, Any]) -> bool:
+        """True if ``row`` is one of this limit's rows (measured or skipped)."""
+        return (
+            row["group"] == self.group
+            and row["operation"] in self.operations
+            and (self.backend is None or row["backend"] == self.backend)
+        )
+
+    def value(self, row: dict[str, Any]) -> float | None:
+        """The row's figure, or None if it was not measured."""
+        ours = row.get("contenders", {}).get("kvstores")
+        if ours is None or any(metric not in ours for metric in self.metrics):
+            return None
+        return float(sum(ours[metric] for metric in self.metrics))
+
+
+_SIGNAL_P99_MS = (
+    ("memory", 50.0),
+    ("sqlite", 100.0),
+    ("redis", 50.0),
+    ("postgresql", 50.0),
+    ("mongodb", 250.0),
+    ("mysql", 100.0),
+)
+"""Cross-replica delivery p99 per backend (issue 22). memory is not in the issue (the in-process
+floor); MySQL/MariaDB is polled like SQLite, so it takes SQLite's bound."""
+
+_SIGNAL_OPERATIONS = ("signal", "follow")
+
+SIGNAL_LIMITS = (
+    *(
+        Limit(
+            f"{{store}} signal and follow p99 <= {bound:g} ms ({{backend}})",
+            ("p99_ms",),
+            bound,
+            "ms",
+            _SIGNAL_OPERATIONS,
+            backend=backend,
+        )
+        for backend, bound in _SIGNAL_P99_MS
+    ),
+    Limit(
+        "{store} signal and follow: no lost or duplicated event",
+        ("lost", "duplicated"),
+        0,
+        "events",
+        _SIGNAL_OPERATIONS,
+    ),
+)
+"""The ``--signals`` targets."""
+
 _BATCHING_MINIMUMS = (
     ("redis", 0.9, 3.0, 2.0),
     ("sqlite", 0.8, 2.0, 3.0),
@@ -112,7 +183,7 @@ def _spread(callers: int, collections: int) -> str:
 _BATCHING_SHAPES = tuple((callers, count) for callers in (1, 64) for count in (1, 4, 32))
 """(callers, collections) of the batching-through-latency targets (issue 21 §5)."""
 
-TARGETS = (
+TARGETS: tuple[Target | Limit, ...] = (
     Target("{store} vs py-key-value MemoryStore, 100 B", "py-key-value", 10.0, KV_OPERATIONS, "kv", "memory", 100),
     Target("{store} vs py-key-value MemoryStore, all sizes", "py-key-value", 10.0, KV_OPERATIONS, "kv", "memory"),
     Target("{store} vs dict+json (within 2x)", "dict+json", 0.5, KV_OPERATIONS, "kv", "memory"),
@@ -162,6 +233,7 @@ TARGETS = (
     ),
     Target("{store} append vs fastmcp EventStore ({backend})", "fastmcp", 3.0, ("append",), "events"),
     Target("{store} replay vs fastmcp EventStore ({backend})", "fastmcp", 5.0, ("replay",), "events"),
+    *SIGNAL_LIMITS,
 )
 """Every target, in report order."""
 
@@ -170,6 +242,8 @@ def row_label(row: dict[str, Any]) -> str:
     """A row in words: ``get 100 B x64``, ``StoreEventStore.append``."""
     if row["group"] == "events":
         return f"{row['store']}.{row['operation']}"
+    if row["group"] == SIGNALS_GROUP:
+        return f"{row['operation']} x{row['concurrency']} stream{'s' * (row['concurrency'] != 1)}"
     if "collections" in row:
         return f"{row['operation']}, {_spread(row['concurrency'], row['collections'])}"
     return f"{row['operation']} {size_label(row['value_bytes'])} x{row['concurrency']}"
@@ -204,11 +278,40 @@ def _judge(target: Target, url: str, store: str, rows: list[dict[str, Any]], bas
     }
 
 
+def _judge_limit(limit: Limit, url: str, store: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    backend = rows[0]["backend"]
+    values = [(value, row) for row in rows if (value := limit.value(row)) is not None]
+    result: dict[str, Any] = {
+        "target": limit.label.format(store=store, backend=backend),
+        "url": url,
+        "backend": backend,
+        "store": store,
+        "baseline": None,
+        "group": limit.group,
+        "metric": "+".join(limit.metrics),
+        "maximum": limit.maximum,
+        "unit": limit.unit,
+        "every_row": True,
+        "rows": len(values),
+        "skipped_rows": len(rows) - len(values),
+    }
+    if not values:
+        return {**result, "worst": None, "worst_row": None, "met": False}
+    worst, worst_row = max(values, key=lambda pair: pair[0])
+    return {
+        **result,
+        "worst": round(worst, 3),
+        "worst_row": row_label(worst_row),
+        "met": worst <= limit.maximum and len(values) == len(rows),
+    }
+
+
 def evaluate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each target judged on ``rows``, per target URL and store class, in :data:`TARGETS` order.
 
     A (URL, store) is judged only if the target's baseline ran against that URL (so a run
     without ``--compare`` has no targets); it is then a miss when none of its rows was measured.
+    A :class:`Limit` is judged on every (URL, store) with rows it covers, and missed when any was skipped.
     """
     contenders: dict[str, set[str]] = {}
     for row in rows:
@@ -219,6 +322,9 @@ def evaluate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for row in rows:
             if target.covers(row):
                 groups.setdefault((row["target"], row["store"]), []).append(row)
+        if isinstance(target, Limit):
+            results += [_judge_limit(target, url, store, covered) for (url, store), covered in groups.items()]
+            continue
         for (url, store), covered in groups.items():
             baseline = target.baseline_of(covered[0]["backend"])
             if baseline in contenders[url]:
