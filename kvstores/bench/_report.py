@@ -90,6 +90,9 @@ def _signals_lines(row: dict[str, Any]) -> list[list[str]]:
         lines.append([*cells, name, *latency, f"{figures['events_per_second']:,.0f}", *counts])
         if "first_error" in figures:
             lines.append([*cells, name, f"first error on A: {figures['first_error']}", *[""] * 6])
+        if "first_receiver_error" in figures:
+            error = f"{figures['receiver_errors']} receivers on B raised, first: {figures['first_receiver_error']}"
+            lines.append([*cells, name, error, *[""] * 6])
     lines += [[*cells, "", failure, *[""] * (len(_SIGNALS_COLUMNS) - 4)] for failure in row.get("failures", [])]
     return lines
 

@@ -265,14 +265,15 @@ class _Persist:
 async def _persist_store(url: str, prefix: str, pool_size: int) -> _Persist:
     """mcp-persist's event store on ``url``'s server, streaming on.
 
-    ``pool_size`` bounds the PostgreSQL pool (a subscriber holds one connection); the Redis
-    client keeps redis-py's default, unbounded pool (a subscriber holds one too).
+    ``pool_size`` bounds the pool, sized as mcp-persist's docs ask: a subscriber holds one
+    connection for its subscription (and, on Redis, takes another for each fetch).
     """
     if family(url) == "redis":
         import redis.asyncio
         from mcp_persist.redis import RedisEventStore
 
-        client = redis.asyncio.from_url(_keep_query(url, lambda name: name not in RedisAsyncStore._STORE_OPTIONS))
+        plain = _keep_query(url, lambda name: name not in RedisAsyncStore._STORE_OPTIONS)
+        client = redis.asyncio.from_url(plain, max_connections=pool_size)
         store = RedisEventStore(client, key_prefix=f"kvbench-persist:{prefix}:", ttl=600, enable_streaming=True)
         return _Persist(store, client, redis=True)
     import asyncpg
@@ -299,7 +300,8 @@ async def _emitter(kind: str, url: str, store: Any | None, prefix: str, ring: in
     """Replica A's side of contender ``kind``: on ``store`` when given (in process), else on a store of its own."""
     owned = store is None
     if kind == MCP_PERSIST:
-        return _PersistEmitter(await _persist_store(url, prefix, 8), prefix)
+        size = 100 if family(url) == "redis" else 10  # redis-py's default; PostgreSQL: B's subscribers need the room
+        return _PersistEmitter(await _persist_store(url, prefix, size), prefix)
     mine = open_store(url) if store is None else store
     return _SignalEmitter(mine, prefix, owned) if kind == "signal" else _FollowEmitter(mine, prefix, ring, owned)
 
@@ -477,8 +479,10 @@ class _PersistReceiver(_Receiver):
         self._persist: _Persist | None = None
 
     async def listen(self, tally: _Tally) -> None:
-        # one connection per subscriber (mcp-persist's design), and a few for its fetches
-        self._persist = persist = await _persist_store(self._url, self._prefix, self._streams + 4)
+        # one connection per subscriber (mcp-persist's design), and its fetches: on Redis one
+        # more per subscriber, on PostgreSQL on the subscriber's own (the server allows 100)
+        size = 2 * self._streams + 8 if family(self._url) == "redis" else self._streams + 4
+        self._persist = persist = await _persist_store(self._url, self._prefix, size)
 
         async def follow(i: int) -> None:
             try:
@@ -617,7 +621,11 @@ async def _contender(kind: str, url: str, shared: Any | None, streams: int, even
         if isinstance(receiver, _FollowReceiver):  # the final responses: each follow ends
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(receiver.ended(), DRAIN_SECONDS)
-        return _figures(tally, report)
+        figures = _figures(tally, report)
+        if receiver.errors:  # a subscriber that raised stops receiving: its stream's later events count as lost
+            figures["receiver_errors"] = len(receiver.errors)
+            figures["first_receiver_error"] = receiver.errors[0][:300]
+        return figures
     finally:
         if link is not None:
             with contextlib.suppress(Exception):
@@ -690,8 +698,9 @@ async def run_signals(label: str, url: str, plan: SignalsPlan, deadline: float, 
         if "failures" in row:
             row["failures"] = [redact_text(text, url) for text in row["failures"]]
         for figures in row.get("contenders", {}).values():
-            if "first_error" in figures:
-                figures["first_error"] = redact_text(figures["first_error"], url)
+            for key in ("first_error", "first_receiver_error"):
+                if key in figures:
+                    figures[key] = redact_text(figures[key], url)
     return rows
 
 
