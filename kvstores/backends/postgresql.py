@@ -134,6 +134,8 @@ _UNREACHABLE = (
     pg_errors.InternalClientError,  # a connection the server dropped, caught mid-protocol
 )
 
+_CONNECTION_CLOSED = "the underlying connection is closed"  # asyncpg's InterfaceError for a lost connection
+
 _BROKEN = (  # errors after which a connection may be unusable (a clean SQL error leaves it fine)
     OSError,
     pg_errors.PostgresConnectionError,
@@ -147,7 +149,8 @@ _BROKEN = (  # errors after which a connection may be unusable (a clean SQL erro
 
 def _translated_error(exc: Exception) -> KVStoreError | None:
     """Translate asyncpg errors: the one place this backend does it."""
-    if isinstance(exc, _UNREACHABLE):
+    if isinstance(exc, _UNREACHABLE) or (isinstance(exc, pg_errors.InterfaceError) and _CONNECTION_CLOSED in str(exc)):
+        # asyncpg reports a connection lost under a transaction as a plain InterfaceError
         return StoreConnectionError(f"PostgreSQL: {type(exc).__name__}: {exc}")
     if isinstance(exc, (pg_errors.PostgresError, pg_errors.InterfaceError, ValueError)):
         # ValueError: asyncpg's DSN parser and argument encoders
