@@ -250,9 +250,13 @@ async def test_a_warm_session_costs_no_store_call_per_request() -> None:
         async with routed_client(router) as client:
             opening = sum(counted.calls.values())
             assert counted.calls == {"put_if_absent": 1}
+            started = time.monotonic()
             for _ in range(20):
                 await call(client, "get_state", key="k")
-            assert sum(counted.calls.values()) == opening  # 40+ requests (calls and their GET/notifications): 0 calls
+            elapsed = time.monotonic() - started
+            # 40+ requests (calls and their GET/notifications): no call, only the refreshes that are due
+            # (none while the 20 calls take less than one refresh interval, 0.5 s, as they do on an idle machine)
+            assert sum(counted.calls.values()) - opening <= int(elapsed / 0.5)
             started = time.monotonic()
             while time.monotonic() - started < 1.6:
                 await call(client, "get_state", key="k")
