@@ -31,7 +31,7 @@ import functools
 import os
 import random
 import warnings
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, ClassVar, Self, SupportsFloat, TypeVar
 
@@ -58,6 +58,7 @@ __all__ = [
     "BaseStore",
     "Stored",
     "chunks",
+    "release_with_loop",
     "translated",
 ]
 
@@ -159,17 +160,28 @@ def translated(translate: Callable[[Exception], KVStoreError | None]) -> Iterato
         raise error from exc
 
 
-async def _release_at_loop_end(store: BaseStore) -> AsyncGenerator[None, None]:
-    """Suspended until the event loop finalizes it: at its shutdown, or once the store is garbage.
+async def _at_loop_end(release: Callable[[], Awaitable[None]]) -> AsyncGenerator[None, None]:
+    """Suspended until the event loop finalizes it, then runs ``release``.
 
     asyncio finalizes the async generators still suspended as ``asyncio.run`` (or a Runner)
-    ends, while the loop still runs: that is where an unclosed store lets go of its connection.
+    ends, while the loop still runs (and any it finds unreachable before): that is where what
+    nobody closed lets go of its connections, so the process can exit at once.
     """
     try:
         yield
     finally:
-        if not store._closed:
-            await store._close()
+        await release()
+
+
+async def release_with_loop(release: Callable[[], Awaitable[None]]) -> AsyncGenerator[None, None]:
+    """Have the running loop run ``release`` as it shuts down; return the guard that arranges it.
+
+    The caller keeps the guard (one nobody holds is finalized at once) and may ``aclose()`` it
+    itself, which runs ``release`` then: so ``release`` must be idempotent.
+    """
+    guard = _at_loop_end(release)
+    await anext(guard)
+    return guard
 
 
 def _check_limit(limit: int | None) -> None:
@@ -294,9 +306,11 @@ class BaseStore(abc.ABC):
         A backend calls this when it has opened a connection bound to the running loop. Once
         per loop: a store used again on a later loop reconnects and calls it again.
         """
-        guard = _release_at_loop_end(self)
-        await anext(guard)
-        self._loop_guard = guard
+        self._loop_guard = await release_with_loop(self._release_unless_closed)
+
+    async def _release_unless_closed(self) -> None:
+        if not self._closed:  # aclose() releases, and finalizes the guard
+            await self._close()
 
     async def close(self) -> None:
         """The same as ``aclose()``: py-key-value's stores are closed with ``close()``."""

@@ -49,6 +49,28 @@ asyncio.run(main())
 print("returned", flush=True)
 """
 
+_SIGNALS_SCRIPT = """
+import asyncio
+from kvstores import open_store, signals
+
+URL, OPTIONS = {url!r}, {options!r}
+kept = []
+
+async def main():
+    store = open_store(URL, **OPTIONS)
+    channel = signals.channel(store)
+    subscription = await channel.subscribe("exit-test")
+    await channel.publish("exit-test", "hello")
+    async with asyncio.timeout(10):
+        async for message in subscription:
+            if message == "hello":
+                break
+    kept.append(store)  # neither the store nor its channel is ever closed
+
+asyncio.run(main())
+print("returned", flush=True)
+"""
+
 _SERVER = """
 import sys
 from fastmcp import FastMCP, Context
@@ -75,14 +97,8 @@ def _url(backend: Backend, namespace: str, tmp_path: Path, **extra: Any) -> tupl
     return url, {**options, **extra}
 
 
-@pytest.mark.parametrize("keep", [True, False], ids=["held", "dropped"])
-@pytest.mark.parametrize("batching", [True, False], ids=["batching", "no-batching"])
-def test_process_with_an_unclosed_store_exits_at_once_and_silently(
-    backend: Backend, namespace: str, tmp_path: Path, batching: bool, keep: bool
-) -> None:
-    url, options = _url(backend, namespace, tmp_path, batching=batching)
-    script = tmp_path / "unclosed.py"
-    script.write_text(textwrap.dedent(_SCRIPT.format(url=url, options=options, keep=keep)))
+def _run_until_exit(script: Path) -> tuple[str, int, float, str]:
+    """Run ``script``: its first line of output, exit code, seconds from that line to the exit, stderr."""
     with subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as child:
@@ -94,10 +110,34 @@ def test_process_with_an_unclosed_store_exits_at_once_and_silently(
             exited = time.monotonic()
         finally:
             stop_process(child, timeout=1)
-    code = child.returncode
+    return line, child.returncode, exited - returned, stderr
+
+
+def test_process_whose_signal_channel_nobody_closed_exits_at_once(
+    backend: Backend, namespace: str, tmp_path: Path
+) -> None:
+    url, options = _url(backend, namespace, tmp_path)
+    script = tmp_path / "signals.py"
+    script.write_text(textwrap.dedent(_SIGNALS_SCRIPT.format(url=url, options=options)))
+    line, code, took, stderr = _run_until_exit(script)
     assert line.strip() == "returned", f"the script failed: {stderr}"
     assert code == 0, stderr
-    assert exited - returned < EXIT_WITHIN, f"exit took {exited - returned:.1f}s after asyncio.run returned"
+    assert took < EXIT_WITHIN, f"exit took {took:.1f}s after asyncio.run returned"
+    assert stderr == "", f"the process wrote to stderr:\n{stderr}"
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["held", "dropped"])
+@pytest.mark.parametrize("batching", [True, False], ids=["batching", "no-batching"])
+def test_process_with_an_unclosed_store_exits_at_once_and_silently(
+    backend: Backend, namespace: str, tmp_path: Path, batching: bool, keep: bool
+) -> None:
+    url, options = _url(backend, namespace, tmp_path, batching=batching)
+    script = tmp_path / "unclosed.py"
+    script.write_text(textwrap.dedent(_SCRIPT.format(url=url, options=options, keep=keep)))
+    line, code, took, stderr = _run_until_exit(script)
+    assert line.strip() == "returned", f"the script failed: {stderr}"
+    assert code == 0, stderr
+    assert took < EXIT_WITHIN, f"exit took {took:.1f}s after asyncio.run returned"
     assert stderr == "", f"the process wrote to stderr:\n{stderr}"
 
 

@@ -51,10 +51,11 @@ import importlib
 import logging
 import weakref
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, Final
 
+from kvstores.base import release_with_loop
 from kvstores.errors import StoreClosedError
 from kvstores.signals._transport import HEARTBEAT, Sink, Transport
 
@@ -235,6 +236,7 @@ class SignalChannel(Sink):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watching = False
         self._closed = False
+        self._loop_guard: AsyncGenerator[None, None] | None = None
         self.transport: Transport = factory(store, self)
 
     @property
@@ -255,7 +257,17 @@ class SignalChannel(Sink):
         self._check_open()
         _check_name(name)
         _check_message(message)
+        await self._close_with_loop()
         await self.transport.publish(name, message)
+
+    async def _close_with_loop(self) -> None:
+        """On first use: close as the event loop shuts down, if nobody did (the process can then exit)."""
+        if self._loop_guard is None:
+            self._loop_guard = await release_with_loop(self._close_at_loop_end)
+
+    async def _close_at_loop_end(self) -> None:
+        self._loop_guard = None  # the guard is running this: aclose() must not close it again
+        await self.aclose()
 
     async def subscribe(self, name: str, *, buffer: int = DEFAULT_BUFFER) -> Subscription:
         """An async iterator of the messages published on ``name`` from now on (and GAPs)."""
@@ -282,6 +294,9 @@ class SignalChannel(Sink):
         if self._closed:
             return
         self._closed = True
+        guard, self._loop_guard = self._loop_guard, None
+        if guard is not None:
+            await guard.aclose()  # runs _close_at_loop_end, whose aclose() returns at once
         for receivers in self._receivers.values():
             for receiver in receivers:
                 receiver.end()
@@ -306,6 +321,7 @@ class SignalChannel(Sink):
     async def _add(self, name: str, receiver: _Receiver) -> None:
         self._check_open()
         self._watch()
+        await self._close_with_loop()
         async with self._lock:
             receivers = self._receivers.setdefault(name, {})
             receivers[receiver] = None
