@@ -184,30 +184,31 @@ def test_batching_latency_runs_through_the_proxy(backend: Backend, namespace: st
 def test_signals_deliver_every_event_once_across_processes(tmp_path: Path) -> None:
     pytest.importorskip("mcp")
     url = f"sqlite:///{tmp_path}/signals.db"
-    document = _bench("--signals", "--events", "5", "--streams", "1,3", url, cwd=tmp_path)
+    document = _bench("--signals", "--rate", "5", "--events", "5", "--streams", "1,3", url, cwd=tmp_path)
     assert document["settings"]["signals"]["events_per_stream"] == 5
     rows = _measured(document["rows"])
     assert rows == document["rows"], [row.get("skipped") for row in document["rows"]]
-    assert {(row["operation"], row["concurrency"]) for row in rows} == {
-        (operation, streams) for operation in ("signal", "follow") for streams in (1, 3)
+    assert {(row["operation"], row["concurrency"], row["rate"]) for row in rows} == {
+        (operation, streams, rate) for operation in ("signal", "follow") for streams in (1, 3) for rate in (5.0, None)
     }
     for row in rows:
         assert (row["group"], row["backend"], row["replicas"]) == ("signals", "sqlite", "two processes")
+        assert row["events_per_stream"] == (10 if row["rate"] else 5)  # paced: 5/s for --quick's 2 s
         figures = row["contenders"]["kvstores"]
-        assert figures["sent"] == figures["delivered"] == 5 * row["concurrency"]
-        assert (figures["lost"], figures["duplicated"]) == (0, 0)
+        assert figures["sent"] == figures["delivered"] == row["events_per_stream"] * row["concurrency"]
+        assert (figures["lost"], figures["duplicated"], figures["errors"]) == (0, 0, 0)
         assert 0 < figures["p50_ms"] <= figures["p99_ms"] and figures["events_per_second"] > 0
     judged = {target["target"]: target for target in document["targets"]}
     assert set(judged) == {
-        "SQLiteStore signal and follow p99 <= 100 ms (sqlite)",
+        "SQLiteStore signal and follow p99 <= 100 ms, paced (sqlite)",
         "SQLiteStore signal and follow: no lost or duplicated event",
     }
+    assert judged["SQLiteStore signal and follow p99 <= 100 ms, paced (sqlite)"]["rows"] == 4, "paced rows only"
     assert judged["SQLiteStore signal and follow: no lost or duplicated event"]["met"] is True
     page = tmp_path / "BENCHMARKS.md"
-    page.write_text(
-        "".join(f"<!-- kvstores bench: {name} -->\nold\n<!-- /kvstores bench: {name} -->\n" for name in SECTIONS)
-    )
+    markers = "".join(f"<!-- kvstores bench: {name} -->\nold\n<!-- /kvstores bench: {name} -->\n" for name in SECTIONS)
+    page.write_text(markers)
     update_markdown(page, document)
     section = page.read_text().partition("<!-- kvstores bench: signals -->")[2]
-    assert "| follow | 3 | kvstores |" in section and "no lost or duplicated event" in section
+    assert "| follow | 3 | burst of 5 | kvstores |" in section and "no lost or duplicated event" in section
     assert page.read_text().count("old") == len(SECTIONS) - 1, "a signals run fills its own section only"

@@ -2,7 +2,7 @@
 
 Usage: ``kvstores bench [TARGET ...] [--compare] [--quick] [--scaling] [--json FILE] [--plot FILE.png]
 [--markdown FILE.md]``, ``kvstores bench --batching-latency [--latency MS] TARGET ...`` or
-``kvstores bench --signals [--streams N,N] [--events N] TARGET ...``
+``kvstores bench --signals [--streams N,N] [--rate R] [--events N] TARGET ...``
 (``python -m kvstores.bench ...`` is the same command).
 
 TARGET is any store URL; the default is ``memory://`` and a temporary SQLite file. Each
@@ -32,12 +32,14 @@ The run is bounded: ``--rounds`` (default 10) and a wall-clock cap of 15 minutes
 
 ``--signals`` measures cross-replica delivery instead (:mod:`kvstores.bench._signals`): for each
 TARGET, a second process (replica A; in process for ``memory://``) publishes on the signal
-channel and stores events in a live StoreEventStore, ``--events`` per stream (default 200; 50
-with ``--quick``) on each of ``--streams`` concurrent streams (default 1,64), while this process
-(replica B) listens and follows; each row shows p50/p99 delivery latency, events/s, and the
-events lost and duplicated, beside mcp-persist's ``subscribe()`` on Redis and PostgreSQL. The
-targets are limits: p99 per backend and no lost or duplicated event, in every row. Capped at
-15 minutes of wall clock (3 with ``--quick``).
+channel and stores events in a live StoreEventStore on each of ``--streams`` concurrent streams
+(default 1,64), paced at ``--rate`` events/s per stream for 5 s (default 10; 2 s with
+``--quick``; 0: no paced rows) and then in a burst of ``--events`` back to back (default 200;
+50 with ``--quick``), while this process (replica B) listens and follows; each row shows
+p50/p99 delivery latency, events/s, and the events lost and duplicated, beside mcp-persist's
+``subscribe()`` on Redis and PostgreSQL. The targets are limits: p99 per backend in every
+paced row, and no lost or duplicated event in every row. Capped at 15 minutes of wall clock
+(3 with ``--quick``).
 
 ``--load FILE`` reads a document ``--json`` wrote instead of measuring, and re-judges the
 targets; with ``--markdown FILE.md`` and ``--plot`` this regenerates BENCHMARKS.md's tables
@@ -103,9 +105,9 @@ _FULL = Plan(
 _LATENCY_QUICK = (Settings(rounds=3, slice_seconds=0.05, max_batch_seconds=2.0), 180.0)
 _LATENCY_FULL = (Settings(rounds=10, slice_seconds=0.2, max_batch_seconds=5.0), 900.0)
 """Batching-through-latency runs: (settings, wall-clock cap in seconds)."""
-_SIGNALS_QUICK = (50, 180.0)
-_SIGNALS_FULL = (200, 900.0)
-"""Cross-replica delivery runs: (default events per stream, wall-clock cap in seconds)."""
+_SIGNALS_QUICK = (50, 2.0, 180.0)
+_SIGNALS_FULL = (200, 5.0, 900.0)
+"""Cross-replica delivery runs: (default events per stream of a burst, seconds of a paced row, wall-clock cap)."""
 _LARGE = {"memory": (1_000, 100_000, 1_000_000), "sqlite": (1_000, 100_000, 1_000_000), "other": (1_000, 100_000)}
 _FAMILIES = ("memory", "sqlite", "redis", "mongodb", "postgresql")
 
@@ -176,7 +178,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--streams", type=_lengths, default=(1, 64), metavar="N,N,...", help="--signals: concurrent streams per row"
     )
-    parser.add_argument("--events", type=int, metavar="N", help="--signals: events per stream (default 200)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=10.0,
+        metavar="R",
+        help="--signals: events/s per stream of the paced rows (0: none)",
+    )
+    parser.add_argument("--events", type=int, metavar="N", help="--signals: events per stream of a burst (default 200)")
     parser.add_argument("--rounds", type=int, help="measured rounds per row (after one warm-up round)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="write plots (needs matplotlib: kvstores[plot])")
@@ -229,8 +238,8 @@ def _latency_plan(options: argparse.Namespace) -> LatencyPlan:
 
 
 def _signals_plan(options: argparse.Namespace) -> SignalsPlan:
-    events, budget = _SIGNALS_QUICK if options.quick else _SIGNALS_FULL
-    return SignalsPlan(options.streams, options.events or events, budget)
+    events, paced_seconds, budget = _SIGNALS_QUICK if options.quick else _SIGNALS_FULL
+    return SignalsPlan(options.streams, options.events or events, budget, options.rate, paced_seconds)
 
 
 async def _run_signals(targets: dict[str, str], plan: SignalsPlan, progress: Progress) -> dict[str, Any]:
@@ -279,6 +288,8 @@ def _settings(plan: Plan | LatencyPlan | SignalsPlan) -> dict[str, Any]:
             "signals": {
                 "streams": list(plan.streams),
                 "events_per_stream": plan.events,
+                "rate_per_stream": plan.rate,
+                "paced_seconds": plan.paced_seconds,
                 "budget_seconds": plan.budget_seconds,
                 "drain_seconds": DRAIN_SECONDS,
             }
@@ -316,6 +327,7 @@ def _document(
             "python": platform.python_version(),
             "platform": platform.platform(),
             "cpu_count": os.cpu_count(),
+            "load_average_at_end": [round(load, 2) for load in os.getloadavg()],  # 1, 5, 15 min: was it quiet?
         },
         "settings": _settings(plan),
         "elapsed_seconds": round(elapsed, 1),
@@ -338,7 +350,7 @@ def _measure(argv: list[str], options: argparse.Namespace) -> dict[str, Any]:
         from rich.progress import Progress as RichProgressBar
     except ImportError as exc:
         raise missing_extra("rich", "cli") from exc
-    started = time.perf_counter()
+    started, load = time.perf_counter(), os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kvbench-") as folder:
         defaults = {"memory://": "memory://", "sqlite (temporary file)": f"sqlite:///{folder}/bench.db"}
         targets = {redact(url): url for url in options.targets} or defaults  # label: URL
@@ -350,7 +362,9 @@ def _measure(argv: list[str], options: argparse.Namespace) -> dict[str, Any]:
                 results = asyncio.run(_run_latency(targets, plan, _RichProgress(bar)))
             else:
                 results = asyncio.run(_run_all(targets, plan, _RichProgress(bar)))
-    return _document(argv, plan, results, time.perf_counter() - started)
+    document = _document(argv, plan, results, time.perf_counter() - started)
+    document["machine"]["load_average_at_start"] = [round(value, 2) for value in load]
+    return document
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--signals and --batching-latency are two runs: choose one")
         if not options.streams or min(options.streams) < 1 or (options.events is not None and options.events < 1):
             parser.error("--signals needs --streams and --events of numbers >= 1")
+        if options.rate < 0:
+            parser.error("--rate takes a number >= 0")
     # py-key-value warns that its MongoDB store's API is unstable, on every use: noise here
     warnings.filterwarnings("ignore", message="A configured store is unstable", category=UserWarning)
     if options.load:

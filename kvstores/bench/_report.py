@@ -37,6 +37,7 @@ _BATCHING_COLUMNS = (
 _SIGNALS_COLUMNS = (
     "operation",
     "streams",
+    "events/s per stream",
     "contender",
     "p50 ms",
     "p99 ms",
@@ -80,9 +81,10 @@ def _batching_cells(row: dict[str, Any]) -> list[str]:
 
 def _signals_lines(row: dict[str, Any]) -> list[list[str]]:
     """A ``--signals`` row under :data:`_SIGNALS_COLUMNS`: one line per contender."""
-    cells = [str(row["operation"]), str(row["concurrency"])]
+    pace = f"{row['rate']:g}" if row.get("rate") else f"burst of {row['events_per_stream']}"
+    cells = [str(row["operation"]), str(row["concurrency"]), pace]
     if "skipped" in row:
-        return [[*cells, "", f"skipped: {row['skipped']}", *[""] * (len(_SIGNALS_COLUMNS) - 4)]]
+        return [[*cells, "", f"skipped: {row['skipped']}", *[""] * (len(_SIGNALS_COLUMNS) - 5)]]
     lines = []
     for name, figures in row["contenders"].items():
         latency = [f"{figures[key]:,.2f}" if key in figures else "-" for key in ("p50_ms", "p99_ms")]
@@ -93,7 +95,7 @@ def _signals_lines(row: dict[str, Any]) -> list[list[str]]:
         if "first_receiver_error" in figures:
             error = f"{figures['receiver_errors']} receivers on B raised, first: {figures['first_receiver_error']}"
             lines.append([*cells, name, error, *[""] * 6])
-    lines += [[*cells, "", failure, *[""] * (len(_SIGNALS_COLUMNS) - 4)] for failure in row.get("failures", [])]
+    lines += [[*cells, "", failure, *[""] * (len(_SIGNALS_COLUMNS) - 5)] for failure in row.get("failures", [])]
     return lines
 
 
@@ -310,7 +312,7 @@ def _signals_markdown(rows: list[dict[str, Any]], limits: list[dict[str, Any]]) 
     parts = []
     for url, (mine, _) in _by_url(rows).items():
         lines = [[cell.replace("|", "\\|") for cell in line] for row in mine for line in _signals_lines(row)]
-        parts.append(f"#### `{url}` ({mine[0].get('replicas')})\n\n" + _table(list(_SIGNALS_COLUMNS), lines, 3))
+        parts.append(f"#### `{url}` ({mine[0].get('replicas')})\n\n" + _table(list(_SIGNALS_COLUMNS), lines, 4))
     if limits:
         lines = [
             [cell.replace("|", "\\|") for cell in [*_limit_cells(result), "yes" if result["met"] else "**no**"]]

@@ -1,13 +1,17 @@
 """``kvstores bench --signals``: how fast an event stored by one replica reaches a follower on another.
 
-Per target URL and per number of concurrent streams (``--streams``, default 1,64), two rows:
+Per target URL, per number of concurrent streams (``--streams``, default 1,64) and per pace,
+two rows. Paced rows measure latency: each stream sends ``--rate`` events per second (default
+10, a progress notification every 100 ms) for :attr:`SignalsPlan.paced_seconds`; burst rows
+measure throughput: each stream sends ``--events`` events back to back, so their latencies
+include the queueing of the burst. The two rows:
 
 - ``signal``: the raw signal channel (:mod:`kvstores.signals`). Replica A publishes
-  ``--events`` messages on each stream's channel name, back to back; replica B's ``listen()``
+  its messages on each stream's channel name; replica B's ``listen()``
   callbacks receive them. Latency: from A's ``publish()`` call to B's callback.
 - ``follow``: the live event store (:class:`kvstores.events.StoreEventStore`, ``live=True``),
   driven directly, without HTTP. Replica A stores a JSON-RPC notification per event on each
-  stream, back to back (then a final response); replica B runs ``follow_events_after`` from
+  stream (then a final response); replica B runs ``follow_events_after`` from
   each stream's first event, as a resumed request on another replica does. Latency: from A's
   ``store_event`` call (the write included: its return cannot be the origin, a follower may
   read the event before A's call has returned) to B's send callback. On Redis and PostgreSQL
@@ -81,9 +85,13 @@ class SignalsPlan:
 
     streams: tuple[int, ...]
     events: int
-    """Timed events per stream."""
+    """Timed events per stream of a burst row."""
     budget_seconds: float
     """Wall-clock cap of the whole run: rows that would start later are skipped and say so."""
+    rate: float = 0.0
+    """Events per second per stream of the paced rows (0: burst rows only)."""
+    paced_seconds: float = 5.0
+    """How long a paced row sends: ``rate * paced_seconds`` events per stream."""
     row_seconds: float = 180.0
     """A row that has not ended after this long fails (its figures are not kept)."""
 
@@ -306,8 +314,12 @@ async def _emitter(kind: str, url: str, store: Any | None, prefix: str, ring: in
     return _SignalEmitter(mine, prefix, owned) if kind == "signal" else _FollowEmitter(mine, prefix, ring, owned)
 
 
-async def _replica_a(link: _Link, emitter: _Emitter, streams: int, events: int) -> None:
-    """Anchors, warm-up until B says go, the timed events (all streams at once), the stamps; then wait for close."""
+async def _replica_a(link: _Link, emitter: _Emitter, streams: int, events: int, rate: float) -> None:
+    """Anchors, warm-up until B says go, the timed events (all streams at once), the stamps; then wait for close.
+
+    ``rate`` > 0 paces each stream at that many events per second (the streams' schedules
+    spread evenly; a late call goes at once, the schedule does not slip); 0 sends back to back.
+    """
     try:
         await link.send({"anchors": await emitter.anchors(streams)})
         go = asyncio.ensure_future(link.receive())
@@ -319,17 +331,20 @@ async def _replica_a(link: _Link, emitter: _Emitter, streams: int, events: int) 
             return  # B gave up before it was ready
         stamps: list[list[float]] = [[0.0] * events for _ in range(streams)]
         errors: list[str] = []
+        started = time.monotonic()
 
         async def one_stream(i: int) -> None:
             mine = stamps[i]
+            first = started + i / (rate * streams) if rate else 0.0
             for seq in range(events):
+                if rate and (pause := first + seq / rate - time.monotonic()) > 0:
+                    await asyncio.sleep(pause)
                 mine[seq] = time.monotonic()
                 try:
                     await emitter.emit(i, seq)
                 except Exception as exc:  # the event is lost (and counted so); the run goes on
                     errors.append(f"{type(exc).__name__}: {exc}")
 
-        started = time.monotonic()
         await asyncio.gather(*(one_stream(i) for i in range(streams)))
         ended = time.monotonic()
         await emitter.finish(streams)
@@ -339,14 +354,14 @@ async def _replica_a(link: _Link, emitter: _Emitter, streams: int, events: int) 
         await emitter.aclose()
 
 
-async def _child_main(kind: str, url: str, streams: int, events: int, prefix: str, ring: int) -> None:
+async def _child_main(kind: str, url: str, streams: int, events: int, rate: float, prefix: str, ring: int) -> None:
     link = _StdioLink()
     try:
         emitter = await _emitter(kind, url, None, prefix, ring)
     except Exception as exc:
         sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
         raise SystemExit(1) from None
-    await _replica_a(link, emitter, streams, events)
+    await _replica_a(link, emitter, streams, events, rate)
 
 
 # -- replica B: the receivers, one per contender ------------------------------------------------------------
@@ -518,20 +533,20 @@ def _in_process(url: str) -> bool:
 
 
 async def _start_a(
-    kind: str, url: str, shared: Any | None, streams: int, events: int, prefix: str, ring: int
+    kind: str, url: str, shared: Any | None, streams: int, events: int, rate: float, prefix: str, ring: int
 ) -> tuple[_Link, Callable[[], Awaitable[None]]]:
     """Start replica A; return B's link to it and how to wait for its end."""
     if shared is not None:
         to_a: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         to_b: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         emitter = await _emitter(kind, url, shared, prefix, ring)
-        task = asyncio.ensure_future(_replica_a(_QueueLink(to_b, to_a), emitter, streams, events))
+        task = asyncio.ensure_future(_replica_a(_QueueLink(to_b, to_a), emitter, streams, events, rate))
 
         async def finish() -> None:
             await asyncio.wait_for(task, 10)
 
         return _QueueLink(to_a, to_b), finish
-    arguments = [kind, str(streams), str(events), prefix, str(ring)]
+    arguments = [kind, str(streams), str(events), str(rate), prefix, str(ring)]
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -585,7 +600,7 @@ def _figures(tally: _Tally, report: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
-async def _contender(kind: str, url: str, shared: Any | None, streams: int, events: int) -> dict[str, Any]:
+async def _contender(kind: str, url: str, shared: Any | None, streams: int, events: int, rate: float) -> dict[str, Any]:
     """One contender's figures for one row: start B's receivers, then A, then drain and tally."""
     prefix = f"kvbench-{secrets.token_hex(4)}"
     ring = events + 1_000  # the ring never laps: this measures delivery, not retention
@@ -603,7 +618,7 @@ async def _contender(kind: str, url: str, shared: Any | None, streams: int, even
     finish: Callable[[], Awaitable[None]] | None = None
     link: _Link | None = None
     try:
-        link, finish = await _start_a(kind, url, shared, streams, events, prefix, ring)
+        link, finish = await _start_a(kind, url, shared, streams, events, rate, prefix, ring)
         anchors = (await link.receive())["anchors"]
         await receiver.start(anchors, tally)
         try:
@@ -658,15 +673,18 @@ async def run_signals(label: str, url: str, plan: SignalsPlan, deadline: float, 
     contenders = _contenders(url)
     rows: list[dict[str, Any]] = []
     try:
-        progress.start(f"{label} signals", len(plan.streams) * sum(len(kinds) for kinds in contenders.values()))
-        for streams in plan.streams:
+        shapes = [(streams, rate) for streams in plan.streams for rate in ((plan.rate, 0.0) if plan.rate else (0.0,))]
+        progress.start(f"{label} signals", len(shapes) * sum(len(kinds) for kinds in contenders.values()))
+        for streams, rate in shapes:
+            events = max(2, round(rate * plan.paced_seconds)) if rate else plan.events
             for operation, kinds in contenders.items():
                 row: dict[str, Any] = {
                     **described,
                     "operation": operation,
                     "value_bytes": None,
                     "concurrency": streams,
-                    "events_per_stream": plan.events,
+                    "rate": rate or None,
+                    "events_per_stream": events,
                     "replicas": replicas,
                 }
                 if time.monotonic() >= deadline:
@@ -677,8 +695,10 @@ async def run_signals(label: str, url: str, plan: SignalsPlan, deadline: float, 
                 for name, kind in kinds.items():
                     try:
                         figures[name] = await asyncio.wait_for(
-                            _contender(kind, url, shared, streams, plan.events), plan.row_seconds
+                            _contender(kind, url, shared, streams, events, rate), plan.row_seconds
                         )
+                    except TimeoutError:
+                        failures.append(f"{name} failed: the row took over {plan.row_seconds:g} s")
                     except Exception as exc:
                         failures.append(f"{name} failed: {type(exc).__name__}: {exc}")
                     progress.tick()
@@ -705,5 +725,6 @@ async def run_signals(label: str, url: str, plan: SignalsPlan, deadline: float, 
 
 
 if __name__ == "__main__":  # replica A, started by _start_a
-    kind, streams, events, prefix, ring = sys.argv[1:6]
-    asyncio.run(_child_main(kind, os.environ[_URL_VARIABLE], int(streams), int(events), prefix, int(ring)))
+    kind, streams, events, rate, prefix, ring = sys.argv[1:7]
+    url = os.environ[_URL_VARIABLE]
+    asyncio.run(_child_main(kind, url, int(streams), int(events), float(rate), prefix, int(ring)))

@@ -108,6 +108,8 @@ class Limit:
     group: str = SIGNALS_GROUP
     backend: str | None = None
     """Backend family the rows come from; None: every backend, each judged on its own."""
+    paced_only: bool = False
+    """Only the rows sent at a set ``rate`` (a latency), not the back-to-back bursts (a throughput)."""
 
     def covers(self, row: dict[str, Any]) -> bool:
         """True if ``row`` is one of this limit's rows (measured or skipped)."""
@@ -115,6 +117,7 @@ class Limit:
             row["group"] == self.group
             and row["operation"] in self.operations
             and (self.backend is None or row["backend"] == self.backend)
+            and (not self.paced_only or row.get("rate") is not None)
         )
 
     def value(self, row: dict[str, Any]) -> float | None:
@@ -141,12 +144,13 @@ _SIGNAL_OPERATIONS = ("signal", "follow")
 SIGNAL_LIMITS = (
     *(
         Limit(
-            f"{{store}} signal and follow p99 <= {bound:g} ms ({{backend}})",
+            f"{{store}} signal and follow p99 <= {bound:g} ms, paced ({{backend}})",
             ("p99_ms",),
             bound,
             "ms",
             _SIGNAL_OPERATIONS,
             backend=backend,
+            paced_only=True,
         )
         for backend, bound in _SIGNAL_P99_MS
     ),
@@ -243,7 +247,8 @@ def row_label(row: dict[str, Any]) -> str:
     if row["group"] == "events":
         return f"{row['store']}.{row['operation']}"
     if row["group"] == SIGNALS_GROUP:
-        return f"{row['operation']} x{row['concurrency']} stream{'s' * (row['concurrency'] != 1)}"
+        pace = f"{row['rate']:g}/s each" if row.get("rate") else "burst"
+        return f"{row['operation']} x{row['concurrency']} stream{'s' * (row['concurrency'] != 1)}, {pace}"
     if "collections" in row:
         return f"{row['operation']}, {_spread(row['concurrency'], row['collections'])}"
     return f"{row['operation']} {size_label(row['value_bytes'])} x{row['concurrency']}"
