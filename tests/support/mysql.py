@@ -140,6 +140,8 @@ class MariaDBServer:
         self.port = free_port()
         self.folder = Path(tempfile.mkdtemp(prefix="kvstores-mariadb-"))
         self.data = self.folder / "data"
+        self.tmp = self.folder / "tmp"  # its own: servers installed at once (test workers) collide in /tmp
+        self.tmp.mkdir()
         self.log = self.folder / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
         self._user: list[str] = []
@@ -147,6 +149,7 @@ class MariaDBServer:
             self._user = ["--user=mysql"]
             try:
                 shutil.chown(self.folder, "mysql", "mysql")
+                shutil.chown(self.tmp, "mysql", "mysql")
             except LookupError as exc:
                 shutil.rmtree(self.folder, ignore_errors=True)
                 raise Unavailable("no mysql user to run the server as (Debian's mariadb-server makes it)") from exc
@@ -164,7 +167,14 @@ class MariaDBServer:
 
     def init(self) -> None:
         """Create the data folder."""
-        command = [self.install, "--no-defaults", *self._user, f"--datadir={self.data}", "--skip-test-db"]
+        command = [
+            self.install,
+            "--no-defaults",
+            *self._user,
+            f"--datadir={self.data}",
+            f"--tmpdir={self.tmp}",
+            "--skip-test-db",
+        ]
         result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=self.folder)
         if result.returncode != 0:
             raise Unavailable(f"mariadb-install-db failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
@@ -178,6 +188,7 @@ class MariaDBServer:
             "--no-defaults",
             *self._user,
             f"--datadir={self.data}",
+            f"--tmpdir={self.tmp}",
             f"--port={self.port}",
             "--bind-address=127.0.0.1",
             f"--socket={self.folder / 'mysqld.sock'}",
