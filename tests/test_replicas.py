@@ -45,7 +45,7 @@ from mcp.client.streamable_http import streamable_http_client
 from kvstores.events import LEASE_TTL, STOPPED_MESSAGE
 from tests.support import Backend, Unavailable, marker
 from tests.support.events import PROTOCOL_VERSION, RawSession
-from tests.support.fixtures import rows, skip_or_fail, start_row
+from tests.support.fixtures import rows_with, skip_or_fail, start_row
 from tests.support.haproxy import REPLICA_HEADER, HAProxy
 from tests.support.sessions import SessionServer
 
@@ -89,9 +89,6 @@ async def _destroy(backend: Backend, namespace: str) -> None:
     store = await backend.open(namespace)
     await store.destroy()
     await store.aclose()
-
-
-ROWS = ("sqlite", "redis", "postgresql", "mongodb", "mysql")
 
 
 @contextmanager
@@ -307,18 +304,18 @@ _CUTS = {
     **{(name, "fastmcp"): ("abort", "drop", "kill") for name in FULL},
     ("sqlite", "sdk"): ("abort", "drop"),
     ("redis", "sdk"): ("abort", "drop", "kill"),
-    **{(name, "fastmcp"): ("drop", "kill") for name in ("postgresql", "mongodb", "mysql")},
 }
-"""The cut kinds each (row, client) runs: an abort is the same as a drop to the server, and a kill takes 4 s."""
+"""The cut kinds of the FULL rows' (row, client) pairs; every other row runs a drop and a kill with
+FastMCP's client (an abort is the same as a drop to the server, and a kill takes 4 s)."""
 
 
 def _cases() -> list[Any]:
     cases = []
-    for row in rows(*ROWS):
+    for row in rows_with("persistent", "processes"):  # every kind of store several processes share
         (name,) = row.values
         cases.append(pytest.param(name, "http", "delete", marks=row.marks, id=f"{name}-delete"))
         for client in ("fastmcp", "sdk") if name in FULL else ("fastmcp",):
-            for cut in _CUTS[name, client]:
+            for cut in _CUTS.get((name, client), ("drop", "kill")):
                 cases.append(pytest.param(name, client, cut, marks=row.marks, id=f"{name}-{client}-{cut}"))
     return cases
 

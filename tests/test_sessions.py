@@ -28,7 +28,7 @@ from kvstores.sessions import (
 )
 from tests.support import Backend
 from tests.support.events import DROP_AFTER, PROTOCOL_VERSION, STEPS, FlakyStore, RawSession, serving, sse_events
-from tests.support.fixtures import rows
+from tests.support.fixtures import rows_with
 from tests.support.sessions import TOKENS, Router, SessionServer, build_app, label, routed_client
 
 pytestmark = [
@@ -41,7 +41,7 @@ IDLE_TTL = 12.0
 
 REFRESH = IDLE_TTL / 4
 
-PERSISTENT = rows("sqlite", "redis", "mongodb", "postgresql")
+PERSISTENT = rows_with("persistent", "processes")
 
 
 @contextmanager
