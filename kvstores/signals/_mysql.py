@@ -8,16 +8,16 @@ Layout, for a store in table T::
 MySQL has no LISTEN/NOTIFY, so this is SQLite's design on a server: the poller reads ``id >
 last`` through the store's own pool every 20 ms after traffic, backing off to every 50 ms when
 idle. InnoDB hands out ids at insert and transactions commit in any order, so a hole can be a
-publisher still committing: the poller waits for it up to HOLE_WAIT seconds (keeping order),
-then reports a GAP and moves on. Publishers delete rows older than RETENTION seconds. The table
-is created on first use (``CREATE TABLE IF NOT EXISTS``): a least-privileged user needs it made
-once by an owner, as the store's own table. ``auto_increment_increment`` above 1 (Galera) leaves
-a hole after every id: signals still arrive, each hole costing HOLE_WAIT and a GAP.
+publisher still committing: the poller (:class:`kvstores.signals._transport.NumberedPoll`)
+waits for it up to a second, keeping order, then reports a GAP and moves on. Publishers delete
+rows older than RETENTION seconds. The table is created on first use (``CREATE TABLE IF NOT
+EXISTS``): a least-privileged user needs it made once by an owner, as the store's own table.
+``auto_increment_increment`` above 1 (Galera) leaves a hole after every id: signals still
+arrive, each hole costing that second and a GAP.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any, Final
@@ -25,21 +25,17 @@ from typing import Any, Final
 from kvstores.backends.mysql import _translated_error
 from kvstores.base import translated
 from kvstores.errors import StoreClosedError
-from kvstores.signals._transport import Backoff, Sink, Transport
+from kvstores.signals._transport import NumberedPoll, Sink
 
 logger = logging.getLogger(__name__)
 
 RETENTION: Final = 60.0
 """Seconds a published row is kept."""
 
-HOLE_WAIT: Final = 1.0
-"""Seconds the poller waits for a missing id before it reports a GAP."""
-
-_POLL: Final = (0.02, 0.05)  # poll interval after traffic, and when idle
 _BATCH: Final = 1_000
 
 
-class MySQLTransport(Transport):
+class MySQLTransport(NumberedPoll):
     """One polling task for every subscriber of one channel object, on the store's pool."""
 
     def __init__(self, store: Any, sink: Sink) -> None:
@@ -53,11 +49,8 @@ class MySQLTransport(Transport):
         self._insert = f"INSERT INTO {table} (channel, message, created_at) VALUES (%s, %s, UTC_TIMESTAMP(6))"
         self._prune = f"DELETE FROM {table} WHERE created_at < UTC_TIMESTAMP(6) - INTERVAL %s SECOND"
         self._last_id = f"SELECT COALESCE(MAX(id), 0) FROM {table}"
-        self._since = f"SELECT id, channel, message FROM {table} WHERE id > %s ORDER BY id LIMIT {_BATCH}"
-        self._names: set[str] = set()
+        self._since_sql = f"SELECT id, channel, message FROM {table} WHERE id > %s ORDER BY id LIMIT {_BATCH}"
         self._created = False
-        self._task: asyncio.Task[None] | None = None
-        self._last = 0
         self._next_prune = 0.0
 
     async def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
@@ -71,14 +64,14 @@ class MySQLTransport(Transport):
             _, rows = await store._query(sql, args)
         return list(rows)
 
-    async def listen(self, name: str) -> None:
-        self._names.add(name)
-        if self._task is None:
-            self._last = int((await self._query(self._last_id))[0][0])
-            self._task = self.sink.spawn(self._poll())
+    async def _latest(self) -> int:
+        return int((await self._query(self._last_id))[0][0])
 
-    async def unlisten(self, name: str) -> None:
-        self._names.discard(name)
+    async def _since(self, number: int) -> list[tuple[int, str, str]]:
+        return [
+            (int(row_id), bytes(name).decode(), str(message))
+            for row_id, name, message in await self._query(self._since_sql, (number,))
+        ]
 
     async def publish(self, name: str, message: str) -> None:
         await self._query(self._insert, (name.encode(), message))
@@ -86,32 +79,3 @@ class MySQLTransport(Transport):
         if now >= self._next_prune:
             self._next_prune = now + RETENTION / 4
             await self._query(self._prune, (RETENTION,))
-
-    async def _poll(self) -> None:
-        loop = asyncio.get_running_loop()
-        backoff = Backoff()
-        interval = _POLL[0]
-        hole_since: float | None = None
-        while self.store_open:
-            try:
-                rows = await self._query(self._since, (self._last,))
-            except Exception as exc:
-                logger.warning("MySQL signals: %s: %s; polling again", type(exc).__name__, exc)
-                await backoff.wait()
-                continue
-            backoff.reset()
-            interval = min(interval * 1.5, _POLL[1])
-            for row_id, name, message in rows:
-                if row_id != self._last + 1:
-                    now = loop.time()
-                    hole_since = now if hole_since is None else hole_since
-                    if now - hole_since < HOLE_WAIT:
-                        break  # perhaps a publisher still committing: wait for it
-                    self.sink.gap()
-                hole_since = None
-                interval = _POLL[0]
-                self._last = int(row_id)
-                channel = bytes(name).decode()
-                if channel in self._names:
-                    self.sink.deliver(channel, str(message))
-            await asyncio.sleep(interval)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import hashlib
+import logging
 import weakref
 from collections.abc import Coroutine
 from typing import Any, Final
@@ -14,6 +15,11 @@ HEARTBEAT: Final = 1.0
 
 BACKOFF: Final = (0.05, 1.0)
 """First and longest wait between reconnection attempts."""
+
+HOLE_WAIT: Final = 1.0
+"""Seconds a :class:`NumberedPoll` waits for a missing number before it reports a GAP."""
+
+logger = logging.getLogger("kvstores.signals")
 
 
 class Sink(abc.ABC):
@@ -87,3 +93,68 @@ class Backoff:
 
     def reset(self) -> None:
         self.delay = BACKOFF[0]
+
+
+class NumberedPoll(Transport):
+    """A transport whose messages are numbered rows, read in order by one polling task.
+
+    For backends with no push (MongoDB, MariaDB/MySQL): a subclass stores each message under
+    the next number and reads those after a number (:meth:`_since`). Numbers are handed out
+    before the row is visible, so a hole can be a publisher still inserting: the poller waits
+    for it up to :data:`HOLE_WAIT` seconds, keeping order, then reports a GAP and moves on (the
+    publisher died in between, or the poller fell behind the retention). It polls every
+    ``intervals[0]`` seconds after traffic, backing off to ``intervals[1]`` when idle.
+    """
+
+    intervals: tuple[float, float] = (0.02, 0.05)
+
+    def __init__(self, store: Any, sink: Sink) -> None:
+        super().__init__(store, sink)
+        self._names: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._last = 0
+
+    @abc.abstractmethod
+    async def _latest(self) -> int:
+        """The number of the last message published so far (0 for none)."""
+
+    @abc.abstractmethod
+    async def _since(self, number: int) -> list[tuple[int, str, str]]:
+        """(number, channel name, message) of the messages numbered above ``number``, in order, a batch of them."""
+
+    async def listen(self, name: str) -> None:
+        self._names.add(name)
+        if self._task is None:
+            self._last = await self._latest()
+            self._task = self.sink.spawn(self._poll())
+
+    async def unlisten(self, name: str) -> None:
+        self._names.discard(name)
+
+    async def _poll(self) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = Backoff()
+        interval = self.intervals[0]
+        hole_since: float | None = None
+        while self.store_open:
+            try:
+                rows = await self._since(self._last)
+            except Exception as exc:
+                logger.warning("%s: %s: %s; polling again", type(self).__name__, type(exc).__name__, exc)
+                await backoff.wait()
+                continue
+            backoff.reset()
+            interval = min(interval * 1.5, self.intervals[1])
+            for number, name, message in rows:
+                if number != self._last + 1:
+                    now = loop.time()
+                    hole_since = now if hole_since is None else hole_since
+                    if now - hole_since < HOLE_WAIT:
+                        break  # perhaps a publisher between its number and its insert: wait for it
+                    self.sink.gap()
+                hole_since = None
+                interval = self.intervals[0]
+                self._last = number
+                if name in self._names:
+                    self.sink.deliver(name, message)
+            await asyncio.sleep(interval)
