@@ -22,6 +22,8 @@ import logging
 import time
 from typing import Any, Final
 
+from asyncmy import errors as my_errors
+
 from kvstores.backends.mysql import _translated_error
 from kvstores.base import translated
 from kvstores.errors import StoreClosedError
@@ -33,6 +35,7 @@ RETENTION: Final = 60.0
 """Seconds a published row is kept."""
 
 _BATCH: Final = 1_000
+_NO_SUCH_TABLE: Final = 1146  # ER_NO_SUCH_TABLE
 
 
 class MySQLTransport(NumberedPoll):
@@ -50,7 +53,6 @@ class MySQLTransport(NumberedPoll):
         self._prune = f"DELETE FROM {table} WHERE created_at < UTC_TIMESTAMP(6) - INTERVAL %s SECOND"
         self._last_id = f"SELECT COALESCE(MAX(id), 0) FROM {table}"
         self._since_sql = f"SELECT id, channel, message FROM {table} WHERE id > %s ORDER BY id LIMIT {_BATCH}"
-        self._created = False
         self._next_prune = 0.0
 
     async def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
@@ -58,10 +60,15 @@ class MySQLTransport(NumberedPoll):
         if store is None:
             raise StoreClosedError("the signal channel's store is gone")
         with translated(_translated_error):  # _query is a helper of the primitives, not one itself
-            if not self._created:
+            try:
+                _, rows = await store._query(sql, args)
+            except my_errors.ProgrammingError as exc:
+                if exc.args[0] != _NO_SUCH_TABLE:
+                    raise
+                # made on first use (IF NOT EXISTS only when missing: on an existing table
+                # it makes the server warn, and the driver logs every warning)
                 await store._query(self._create)
-                self._created = True
-            _, rows = await store._query(sql, args)
+                _, rows = await store._query(sql, args)
         return list(rows)
 
     async def _latest(self) -> int:

@@ -61,6 +61,7 @@ class RedisTransport(Transport):
     def __init__(self, store: Any, sink: Sink) -> None:
         super().__init__(store, sink)
         self._client = store.client
+        self._gate = store._gate  # publishes share the store's bound on connections in use
         self._sharded = isinstance(self._client, RedisCluster)
         self._beat = "{" + store.prefix.translate(_TAG_ESCAPES) + "}signals"
         self._head = self._beat + ":"
@@ -115,7 +116,8 @@ class RedisTransport(Transport):
 
     async def _send(self, key: str, message: str) -> None:
         with translated(_translated_error):
-            await (self._client.spublish(key, message) if self._sharded else self._client.publish(key, message))
+            async with self._gate:
+                await (self._client.spublish(key, message) if self._sharded else self._client.publish(key, message))
 
     async def _subscribe(self, pubsub: Any, *keys: str) -> None:
         await (pubsub.ssubscribe(*keys) if self._sharded else pubsub.subscribe(*keys))
