@@ -1,7 +1,7 @@
 """The server process of ``kvstores demo``'s durable-session scene.
 
-``python -m kvstores._demo_server --store URL --port PORT --name NAME`` serves
-:func:`kvstores.harness.state_server` on the store at URL through
+``python -m kvstores._demo_server --port PORT --name NAME`` serves
+:func:`kvstores.harness.state_server` on the store at ``$KVSTORES_URL`` (or ``--store URL``) through
 :func:`kvstores.sessions.http_app` with uvicorn on ``127.0.0.1:PORT`` (events in a
 :class:`kvstores.events.StoreEventStore` on the same store), plus a ``server_name`` tool
 answering NAME, so that the demo shows which process answered each request, and
@@ -27,7 +27,7 @@ _RETRY_MS = 300
 """How long a client whose stream was cut waits before it resumes."""
 
 
-async def _serve(store_url: str, port: int, name: str) -> None:
+async def _serve(store_url: str | None, port: int, name: str) -> None:
     async with open_store(store_url) as store:
         mcp = state_server(store)
 
@@ -52,7 +52,9 @@ async def _serve(store_url: str, port: int, name: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Serve until SIGINT or SIGTERM."""
     parser = argparse.ArgumentParser(prog="python -m kvstores._demo_server", description="A server of kvstores demo.")
-    parser.add_argument("--store", required=True, help="kvstores URL shared with the other server processes")
+    parser.add_argument(
+        "--store", help="kvstores URL shared with the other server processes (default: $KVSTORES_URL, out of ps)"
+    )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", required=True, help="what the server_name tool answers")
     options = parser.parse_args(argv)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import os
 import socket
 import subprocess
 import sys
@@ -31,10 +32,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvstores._optional import missing_extra
+from kvstores._urls import redact
 from kvstores.errors import KVStoreError
 from kvstores.harness import FASTMCP_STATE_COLLECTION, connected_client, state_server
 from kvstores.protocol import AsyncKeyValue
-from kvstores.registry import open_store
+from kvstores.registry import URL_VARIABLE, open_store
 
 try:
     import httpx2
@@ -67,6 +69,8 @@ class _Demo:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.label = redact(url)
+        """The store's URL as the demo prints it: without credentials."""
         self.restarts = 0
         self.surprises = 0
 
@@ -173,18 +177,18 @@ async def _after_restart(demo: _Demo, session_id: str) -> None:
             await _call(client, "end_session", session_id=session_id)
             demo.step("end_session: its state is deleted from the store")
         else:
-            demo.check(found.is_error, f"{demo.url} keeps nothing once closed, so the session is gone")
+            demo.check(found.is_error, f"{demo.label} keeps nothing once closed, so the session is gone")
 
 
 async def _durable_session(demo: _Demo) -> None:
     print("\n[servers A and B] durable sessions: a handshake session moves to another process (kvstores.sessions)")
     if _in_process(demo.url):
-        demo.step(f"skipped: {demo.url} lives inside one process, so two server processes cannot share it")
+        demo.step(f"skipped: {demo.label} lives inside one process, so two server processes cannot share it")
         return
     if importlib.util.find_spec("uvicorn") is None:
         demo.step("skipped: uvicorn is not installed (it comes with fastmcp)")
         return
-    demo.step(f"three uvicorn processes serve kvstores.sessions.http_app on {demo.url}:")
+    demo.step(f"three uvicorn processes serve kvstores.sessions.http_app on {demo.label}:")
     async with _server_processes(demo.url, "A", "B", "C") as (a, b, c):
         for server in (a, b, c):
             demo.step(f"  server {server.name} (pid {server.process.pid}) on {server.url}")
@@ -256,10 +260,14 @@ class _ServerProcess:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.log = log_dir / f"server-{name}.log"
-        arguments = ["--store", store_url, "--port", str(self.port), "--name", name]
+        arguments = ["--port", str(self.port), "--name", name]
+        environment = {**os.environ, URL_VARIABLE: store_url}  # not in argv, where ps would show credentials
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "kvstores._demo_server", *arguments], stdout=log, stderr=subprocess.STDOUT
+                [sys.executable, "-m", "kvstores._demo_server", *arguments],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=environment,
             )
 
     async def wait_until_serving(self, deadline: float) -> None:
@@ -421,7 +429,7 @@ def _in_process(url: str) -> bool:
 
 async def _run(url: str) -> int:
     demo = _Demo(url)
-    print(f"kvstores demo: FastMCP session state on {url}")
+    print(f"kvstores demo: FastMCP session state on {redact(url)}")
     try:
         await _handshake_sessions(demo)
         await _expiry(demo)
