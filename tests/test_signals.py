@@ -106,11 +106,14 @@ async def test_many_messages_arrive_in_order(backend: Backend, namespace: str, s
 
 
 async def test_many_concurrent_publishers_lose_nothing(backend: Backend, namespace: str, store: Any) -> None:
-    """64 tasks publishing at once, more than a store's connections: each message arrives, once.
+    """64 tasks publishing at once, more than a store's connections: each message arrives once,
+    in each publisher's order, or the subscriber is told with a GAP (a polled test server that
+    falls behind its hole wait may).
 
     (Regression: Redis publishes bypassed the store's bound on connections in use, and a
     64-publisher burst failed with "Too many connections".)"""
     peer = await _peer(backend, namespace, store)
+    expected = {f"{n}:{s}" for n in range(64) for s in range(20)}
     try:
         async with await signals.channel(peer).subscribe("crowd", buffer=10_000) as subscription:
 
@@ -119,11 +122,20 @@ async def test_many_concurrent_publishers_lose_nothing(backend: Backend, namespa
                     await signals.channel(store).publish("crowd", f"{number}:{sequence}")
 
             await asyncio.gather(*(publisher(number) for number in range(64)))
-            received = await _take(subscription, 64 * 20)
-            assert sorted(received) == sorted(f"{n}:{s}" for n in range(64) for s in range(20))
-            for number in range(64):  # each publisher's own messages in its order
-                mine = [message for message in received if message.startswith(f"{number}:")]
-                assert mine == [f"{number}:{sequence}" for sequence in range(20)]
+            items: list[Any] = []
+            deadline = time.monotonic() + 30
+            while len([item for item in items if item is not GAP]) < len(expected) and time.monotonic() < deadline:
+                try:  # after a GAP the rest may never come: stop once the channel goes quiet
+                    items.append(await asyncio.wait_for(anext(subscription), 3 if GAP in items else 10))
+                except TimeoutError:
+                    break
+        received = [item for item in items if item is not GAP]
+        assert len(received) == len(set(received)) and set(received) <= expected  # never twice, nothing else
+        if GAP not in items:
+            assert set(received) == expected, f"{len(expected - set(received))} lost without a GAP"
+        for number in range(64):  # each publisher's own messages in its order
+            mine = [int(message.split(":")[1]) for message in received if message.startswith(f"{number}:")]
+            assert mine == sorted(mine)
     finally:
         if peer is not store:
             await peer.aclose()

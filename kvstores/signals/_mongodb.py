@@ -22,6 +22,7 @@ from pymongo.errors import DuplicateKeyError
 
 from kvstores.backends.mongodb import _translated_error
 from kvstores.base import translated
+from kvstores.errors import KVStoreError
 from kvstores.signals._transport import NumberedPoll, Sink
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ RETENTION: Final = 300
 
 _BATCH: Final = 1_000
 _COUNTER: Final = "signals"
+_NUMBER_ATTEMPTS: Final = 5
 
 
 class MongoDBTransport(NumberedPoll):
@@ -67,13 +69,17 @@ class MongoDBTransport(NumberedPoll):
             await self._signals.insert_one(document)
 
     async def _number(self) -> int:
-        for attempt in range(2):  # two first upserts at once: one of them loses, and runs again
+        for attempt in range(_NUMBER_ATTEMPTS):
+            # first upserts at once: all but one lose (DuplicateKeyError) and run again; a wire
+            # server under that race may also answer with no document, which is retried alike
             try:
                 counter = await self._sequence.find_one_and_update(
                     {"_id": _COUNTER}, {"$inc": {"n": 1}}, upsert=True, return_document=ReturnDocument.AFTER
                 )
-                return int(counter["n"])
             except DuplicateKeyError:
-                if attempt:
+                if attempt == _NUMBER_ATTEMPTS - 1:
                     raise
-        raise AssertionError("unreachable")
+                continue
+            if counter is not None:
+                return int(counter["n"])
+        raise KVStoreError("MongoDB signals: the sequence counter gave no number")
