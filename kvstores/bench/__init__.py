@@ -65,6 +65,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -242,25 +243,19 @@ def _signals_plan(options: argparse.Namespace) -> SignalsPlan:
     return SignalsPlan(options.streams, options.events or events, budget, options.rate, paced_seconds)
 
 
-async def _run_signals(targets: dict[str, str], plan: SignalsPlan, progress: Progress) -> dict[str, Any]:
+async def _run_each(
+    targets: dict[str, str],
+    run: Callable[[str, str, Any, float, Progress], Awaitable[list[dict[str, Any]]]],
+    plan: SignalsPlan | LatencyPlan,
+    progress: Progress,
+) -> dict[str, Any]:
+    """``run(label, url, plan, deadline, progress)`` on each target, within the plan's budget."""
     rows: list[dict[str, Any]] = []
     errors: dict[str, str] = {}
     deadline = time.monotonic() + plan.budget_seconds
     for label, url in targets.items():
         try:
-            rows += await run_signals(label, url, plan, deadline, progress)
-        except Exception as exc:  # one failing target must not lose the others' results
-            errors[label] = redact_text(f"{type(exc).__name__}: {exc}", url)
-    return {"rows": rows, "scaling": {}, "errors": errors}
-
-
-async def _run_latency(targets: dict[str, str], plan: LatencyPlan, progress: Progress) -> dict[str, Any]:
-    rows: list[dict[str, Any]] = []
-    errors: dict[str, str] = {}
-    deadline = time.monotonic() + plan.budget_seconds
-    for label, url in targets.items():
-        try:
-            rows += await run_batching_latency(label, url, plan, deadline, progress)
+            rows += await run(label, url, plan, deadline, progress)
         except Exception as exc:  # one failing target must not lose the others' results
             errors[label] = redact_text(f"{type(exc).__name__}: {exc}", url)
     return {"rows": rows, "scaling": {}, "errors": errors}
@@ -357,9 +352,9 @@ def _measure(argv: list[str], options: argparse.Namespace) -> dict[str, Any]:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with RichProgressBar(*columns, transient=True) as bar:
             if isinstance(plan, SignalsPlan):
-                results = asyncio.run(_run_signals(targets, plan, _RichProgress(bar)))
+                results = asyncio.run(_run_each(targets, run_signals, plan, _RichProgress(bar)))
             elif isinstance(plan, LatencyPlan):
-                results = asyncio.run(_run_latency(targets, plan, _RichProgress(bar)))
+                results = asyncio.run(_run_each(targets, run_batching_latency, plan, _RichProgress(bar)))
             else:
                 results = asyncio.run(_run_all(targets, plan, _RichProgress(bar)))
     document = _document(argv, plan, results, time.perf_counter() - started)
