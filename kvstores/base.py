@@ -94,6 +94,52 @@ def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
+_RECANCEL_SECONDS = 0.1
+"""How often :class:`deadline` cancels again while the block it bounds has not left."""
+
+
+class deadline:
+    """``async with deadline(seconds)``: ``asyncio.timeout`` that a driver cannot outlast.
+
+    ``asyncio.timeout`` cancels once. On Python 3.11 ``asyncio.wait_for`` swallows a cancel that
+    arrives as its awaitable completes (fixed in 3.12), and drivers call it inside their connect
+    and read paths (asyncmy's connect, for one), so a call could run on past its timeout: through
+    a half-open handshake that was the server's connect_timeout, 10 s. This one cancels at the
+    deadline and again every 0.1 s until the block leaves, then raises ``TimeoutError`` as
+    ``asyncio.timeout`` does; a cancel from outside still propagates as ``CancelledError``.
+    """
+
+    __slots__ = ("_cancelling", "_handle", "_issued", "_seconds", "_task")
+
+    def __init__(self, seconds: float) -> None:
+        """Bound the block to ``seconds``."""
+        self._seconds = seconds
+        self._issued = 0
+
+    async def __aenter__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None, "deadline is used inside a task"
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._handle = asyncio.get_running_loop().call_later(self._seconds, self._expire)
+
+    def _expire(self) -> None:
+        self._issued += 1
+        self._task.cancel()
+        self._handle = asyncio.get_running_loop().call_later(_RECANCEL_SECONDS, self._expire)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self._handle.cancel()
+        if self._issued:
+            remaining = self._task.cancelling()
+            for _ in range(self._issued):  # ours, delivered or swallowed: withdraw them all
+                remaining = self._task.uncancel()
+            if exc_type is asyncio.CancelledError and remaining <= self._cancelling:
+                raise TimeoutError from exc
+
+
 _PRIMITIVES = frozenset(
     (
         "_get",

@@ -38,9 +38,11 @@ pytestmark = pytest.mark.anyio
 
 TIMEOUT = 1.0
 """The stores' ``timeout`` option in these tests."""
-MARGIN = TIMEOUT + 0.5
+MARGIN = TIMEOUT + 1.0
 """How much longer than TIMEOUT a failing call may take: a single-key call that batching queued
-behind a batch in flight waits for that batch (up to TIMEOUT) before its own starts."""
+behind a batch in flight waits for that batch (up to TIMEOUT) before its own starts, and the
+loop may run up to a second late on a 2-core machine running the suite's 4 workers (2.52 s was
+seen against a 2.5 s bound there)."""
 RECOVERY = 5.0
 """Seconds within which the same store object must work again after a heal."""
 WORKERS = 6
@@ -250,14 +252,16 @@ async def assert_recovers(store: Any) -> float:
 async def test_latency_spike_slows_calls_that_still_succeed(target: Target) -> None:
     load = Load(target.store)
     await load.run(0.5)
-    target.proxy.latency(0.1)  # +200 ms per round trip, well below the timeout
+    # +100 ms per round trip, well below the timeout even for a transaction (3 round trips)
+    # queued behind another (+200 ms each way was within 10 ms of it on a loaded machine)
+    target.proxy.latency(0.05)
     spike = time.monotonic()
     await load.run(2.5)
     target.proxy.heal()
     slow = [call.seconds for call in load.calls if call.started >= spike]
     assert not load.problems, load.problems
     assert not load.failures(), f"{len(load.failures())} calls failed: {load.errors}"
-    assert slow and min(slow) >= 0.19, "the latency was not applied"
+    assert slow and min(slow) >= 0.09, "the latency was not applied"
     await load.verify(target.store, target.backend.atomic_put_many)
     await load.verify(target.direct, target.backend.atomic_put_many)
 

@@ -249,6 +249,13 @@ async def test_url_and_options(namespace: str) -> None:
     cluster_store = open_store("redis+cluster://127.0.0.1:7000", prefix="p")
     assert isinstance(cluster_store.client, RedisCluster)  # type: ignore[attr-defined]
     await cluster_store.aclose()
+    for url in (
+        f"{REDIS_URL}?nonsense=1",
+        "rediss://127.0.0.1:1/0?nonsense=1",
+        "redis+cluster://127.0.0.1:1?nonsense=1",
+    ):
+        with pytest.raises(ValueError, match=r"option is unknown to redis-py.*'nonsense'"):
+            open_store(url)  # at once, not as a TypeError at the first call
     with pytest.raises(ValueError, match="prefix"):
         RedisStore(REDIS_URL, prefix="a{b")
     with pytest.raises(ValueError, match="prefix"):

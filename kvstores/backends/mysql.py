@@ -94,7 +94,6 @@ import contextlib
 import hashlib
 import re
 import time
-from asyncio import timeout as _deadline
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -102,7 +101,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
 from kvstores._urls import flag
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks, deadline
 from kvstores.errors import ConflictError, KVStoreError, StoreConnectionError
 
 try:
@@ -488,7 +487,7 @@ class MySQLStore(BaseStore):
             if pool is not None:
                 pool.close()
                 try:
-                    async with _deadline(self._timeout):
+                    async with deadline(self._timeout):
                         await pool.wait_closed()
                 except Exception:  # an unreachable or hung server: drop the connections
                     pool.terminate()
@@ -499,7 +498,7 @@ class MySQLStore(BaseStore):
         """Run ``work(connection)`` on a pool connection, within the store's timeout, errors translated."""
         cut: int | None = None  # the server thread of a statement our deadline interrupted
         try:
-            async with _deadline(self._timeout):  # first use included: waiting for another opener too
+            async with deadline(self._timeout):  # first use included: waiting for another opener too
                 pool = self._ready_pool or await self._ready()
                 try:
                     connection = await pool.acquire()
@@ -548,7 +547,7 @@ class MySQLStore(BaseStore):
             if name not in ("minsize", "maxsize", "pool_recycle")
         }
         with contextlib.suppress(Exception):
-            async with _deadline(self._timeout):
+            async with deadline(self._timeout):
                 connection = await asyncmy.connect(**{**options, "stmt_cache_size": 0})
                 try:
                     await _execute(connection, "KILL %s", (thread,))

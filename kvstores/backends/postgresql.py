@@ -86,13 +86,12 @@ import contextlib
 import hashlib
 import re
 import time
-from asyncio import timeout as _deadline
 from collections.abc import Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 from kvstores._optional import missing_extra
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored
+from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, deadline
 from kvstores.errors import KVStoreError, StoreConnectionError
 
 try:
@@ -406,14 +405,14 @@ class PostgreSQLStore(BaseStore):
             if self._owns_pool and pool is not None:
                 self.pool = None
                 try:
-                    async with _deadline(self._timeout):
+                    async with deadline(self._timeout):
                         await pool.close()
                 except Exception:  # an unreachable or hung server: drop the connections
                     pool.terminate()
 
     async def _query(self, kind: str, sql: str, *args: Any) -> Any:
         """Run ``sql`` on a pool connection with asyncpg's ``kind`` method (fetch, fetchval...)."""
-        async with _deadline(self._timeout):  # first use included: waiting for another opener too
+        async with deadline(self._timeout):  # first use included: waiting for another opener too
             pool = self._ready_pool or await self._ready()
             connection: Any = await pool.acquire()
             try:

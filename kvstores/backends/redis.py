@@ -29,7 +29,8 @@ primary that Redis Sentinel watches (the credentials are the primary's; pass
 ``sentinel_kwargs={...}`` for the sentinels' own). The URL goes to redis-py's
 ``from_url`` unchanged apart from the store's own query options (``prefix``, ``timeout``,
 ``max_connections``, ``default_collection``), so every redis-py URL option keeps working
-(e.g. ``?health_check_interval=30``, ``?ssl_ca_certs=...``).
+(e.g. ``?health_check_interval=30``, ``?ssl_ca_certs=...``); one redis-py does not know is a
+ValueError when the store is made (redis-py itself would raise a TypeError at the first call).
 
 Options: ``prefix``; ``timeout`` (default 5 s: bounds connecting and each reply, so an
 unreachable or hung server raises StoreConnectionError instead of hanging);
@@ -339,12 +340,20 @@ class RedisStore(BaseStore):
         if scheme.lower() == _CLUSTER_SCHEME:
             # one retry: enough to follow a failover or a restarted node (it rediscovers the nodes)
             options.setdefault("retry", _Retry(backoff, 1))
-            return RedisCluster.from_url(f"redis{separator}{rest}", **options)
+            try:
+                return RedisCluster.from_url(f"redis{separator}{rest}", **options)
+            except TypeError as exc:  # an option redis-py does not know
+                raise ValueError(f"a Redis URL option is unknown to redis-py: {exc}") from None
         # a refused or reset connection is retried (a restarted server); a timeout is not
         options.setdefault("retry", _Retry(backoff, 2, (redis_errors.ConnectionError,)))
         if scheme.lower() == _SENTINEL_SCHEME:
             return self._connect_sentinel(url, options)
-        return Redis.from_pool(ConnectionPool.from_url(url, **options))
+        pool = ConnectionPool.from_url(url, **options)
+        try:  # redis-py takes any option here and fails at the first connect: fail now, nothing opened
+            pool.connection_class(**pool.connection_kwargs)
+        except TypeError as exc:
+            raise ValueError(f"a Redis URL option is unknown to redis-py: {exc}") from None
+        return Redis.from_pool(pool)
 
     def _connect_sentinel(self, url: str, options: dict[str, Any]) -> Redis:
         """A client of the primary of ``redis+sentinel://[user:password@]host:port[,...]/service[/db]``."""
