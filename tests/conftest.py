@@ -37,6 +37,7 @@ SLOW_MODULES = frozenset(
         "test_sentinel",
         "test_session_borrowing",
         "test_sessions",
+        "test_sql_servers",
         "test_subscriptions",
         "test_tls_acl",
     }

@@ -54,7 +54,7 @@ def test_sigkill_never_tears_a_batch(tmp_path: Path) -> None:
     newest, writes_interrupted = -1, 0
     for kill in range(KILLS):
         child = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.workers", "crash", str(path), str(newest + 1)],
+            [sys.executable, "-m", "tests.support.workers", "crash", f"sqlite:///{path}", str(newest + 1)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,

@@ -1,23 +1,16 @@
-"""MariaDB/MySQL-specific tests: URLs, layout, long names, prepared statements, first use, privileges, faults.
+"""MariaDB/MySQL-specific tests: URLs, layout, long names, prepared statements, privileges, timeouts.
 
 The shared suites run over the table's ``mysql`` row (tests/support/mysql.py); these tests pin
-what only this backend has. Fault tests run on a private server (MariaDBServer) that they
-stop, kill and start; the SIGKILL test runs a writer process on the row's server.
+what only this backend has. What every SQL-server backend must survive (first use by several
+processes, a SIGKILLed writer, a private server stopped and crashed) is in
+tests/test_sql_servers.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import random
-import select
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -28,19 +21,13 @@ import pytest
 import kvstores.backends.mysql as mysql_backend
 from kvstores import MAX_VALUE_BYTES, KVStoreError, StoreConnectionError, open_store
 from kvstores.backends.mysql import DEFAULT_TABLE, SCHEMA_VERSION, MySQLStore
-from tests.support import Unavailable, free_port, run_processes
-from tests.support.fixtures import assert_connection_errors, rows, skip_or_fail
-from tests.support.mysql import MariaDBServer, MySQLBackend, first_use, run_sql, table_name
-from tests.support.workers import newest_whole_batch
+from tests.support.fixtures import rows
+from tests.support.mysql import MySQLBackend, run_sql, table_name
 
 pytestmark = [pytest.mark.anyio, pytest.mark.mysql]
 
 my = pytest.mark.parametrize("backend", rows("mysql"), indirect=True)
 """Run a test on the table's MySQL row (the session's server and database)."""
-
-ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT = 1.0
-DRIVER_ERRORS = (OSError, asyncmy.MySQLError)
 
 
 def with_user(url: str, user: str, password: str) -> str:
@@ -302,23 +289,6 @@ async def test_statement_cache_size(backend: MySQLBackend, namespace: str, cache
 
 
 @my
-def test_concurrent_first_use_by_several_processes_creates_the_schema_once(
-    backend: MySQLBackend, namespace: str
-) -> None:
-    workers = 5
-    for round_ in range(3):
-        table = f"{table_name(namespace)[:40]}_{round_}"
-        outcomes = run_processes(first_use, [(backend.database_url, table, worker) for worker in range(workers)], 120)
-        assert outcomes == dict.fromkeys(range(workers)), outcomes
-        (counts,) = run_sql(
-            backend.database_url,
-            f"SELECT sum(collection = ''), sum(collection = 'default') FROM `{table}`",
-        )
-        assert tuple(int(n) for n in counts[0]) == (1, workers)
-        run_sql(backend.database_url, f"DROP TABLE `{table}`")
-
-
-@my
 async def test_least_privilege_user_with_rights_on_its_table_only(backend: MySQLBackend, namespace: str) -> None:
     user, password = f"kv_lp_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
     admin = backend.database_url
@@ -426,31 +396,6 @@ async def test_put_many_over_several_statements_is_all_or_nothing(
 
 
 @my
-async def test_concurrent_overlapping_bulk_writes_never_deadlock(backend: MySQLBackend, namespace: str) -> None:
-    """Bulk writes lock their rows in one order (sorted by digest), so overlapping put_many and
-    delete_many calls from several pools queue instead of deadlocking."""
-    stores = [await backend.open(namespace, batching=False) for _ in range(3)]
-    keys = [f"k{i}" for i in range(40)]
-    try:
-
-        async def writer(store: MySQLStore, seed: int) -> None:
-            rng = random.Random(seed)
-            for _ in range(60):
-                chosen = rng.sample(keys, 20)
-                await store.put_many(chosen, [{"seed": seed}] * len(chosen))
-                await store.delete_many(rng.sample(keys, 5))
-
-        await asyncio.gather(*(writer(store, seed) for seed, store in enumerate(stores * 2)))
-    finally:
-        await stores[0].destroy()
-        for store in stores:
-            await store.aclose()
-
-
-# -- timeouts on the row's server ------------------------------------------------------------
-
-
-@my
 async def test_pool_exhausted_raises_connection_error_within_timeout(backend: MySQLBackend, namespace: str) -> None:
     store = await backend.open(namespace, max_connections=1, timeout=0.5)
     try:
@@ -513,164 +458,3 @@ async def _waiting_on_locks(backend: MySQLBackend) -> bool:
     sql = "SELECT count(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'INSERT INTO%%' AND COMMAND = 'Query'"
     (found,) = await anyio.to_thread.run_sync(run_sql, backend.database_url, sql)
     return bool(found[0][0])
-
-
-async def test_nothing_listening_raises_connection_error_within_timeout() -> None:
-    async with MySQLStore(f"mysql://root@127.0.0.1:{free_port()}/db", timeout=TIMEOUT) as store:
-        operations: list[Callable[[], Awaitable[Any]]] = [lambda: store.get("k"), lambda: store.put("k", {"v": 1})]
-        await assert_connection_errors(operations, TIMEOUT + 1, DRIVER_ERRORS)
-
-
-# -- faults on a private server --------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def private_server() -> Iterator[MariaDBServer]:
-    """A MariaDB server of this module's own (installed once), running at the start of each test."""
-    try:
-        server = MariaDBServer()
-    except Unavailable as exc:
-        skip_or_fail("mysql", f"no private MariaDB server: {exc}")
-    try:
-        server.init()
-        server.start()
-    except Unavailable as exc:
-        server.remove()
-        skip_or_fail("mysql", f"no private MariaDB server: {exc}")
-    yield server
-    server.remove()
-
-
-@pytest.fixture
-async def fault_store(private_server: MariaDBServer) -> AsyncIterator[MySQLStore]:
-    """A store on the private server whose calls time out after TIMEOUT seconds."""
-    if not private_server.running:
-        await anyio.to_thread.run_sync(private_server.start)
-    store = MySQLStore(private_server.url, timeout=TIMEOUT, table=f"t{uuid.uuid4().hex[:12]}")
-    yield store
-    await store.aclose()
-
-
-async def _until_back(store: MySQLStore, key: str) -> Any:
-    """``store.get(key)`` once the server answers again (at most 30 s)."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            return await store.get(key)
-        except StoreConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            await anyio.sleep(0.1)
-
-
-async def test_server_stopped_mid_run_then_restarted(private_server: MariaDBServer, fault_store: MySQLStore) -> None:
-    store = fault_store
-    keys = [f"k{i}" for i in range(100)]
-    await store.put_many(keys, [{"i": i} for i in range(100)])
-    seen: list[BaseException] = []
-    stopping = asyncio.Event()
-
-    async def load(worker: int) -> None:
-        for n in range(100_000):  # bounded: the test sets ``stopping`` within seconds
-            if stopping.is_set():
-                return
-            try:
-                if n % 2:
-                    await store.get(keys[(worker + n) % 100])
-                else:
-                    await store.put(f"load{worker}", {"n": n})
-            except StoreConnectionError as exc:
-                seen.append(exc)
-                await anyio.sleep(0.01)
-
-    loaders = [asyncio.create_task(load(worker)) for worker in range(4)]
-    await anyio.sleep(0.3)
-    await anyio.to_thread.run_sync(private_server.stop)  # clients disconnected mid-call
-    operations: list[Callable[[], Awaitable[Any]]] = [
-        lambda: store.get("k1"),
-        lambda: store.put("k1", {"i": -1}),
-        lambda: store.get_many(keys),
-        lambda: store.put_many(keys[:2], [{}, {}]),
-        lambda: store.pop("k3"),
-        lambda: store.update("k4", lambda old: old),
-        lambda: store.keys(),
-    ]
-    await assert_connection_errors(operations, TIMEOUT + 3, DRIVER_ERRORS)
-    stopping.set()
-    await asyncio.gather(*loaders)  # any other exception in a loader fails the test here
-    assert seen and all(isinstance(exc.__cause__, DRIVER_ERRORS) for exc in seen)
-
-    await anyio.to_thread.run_sync(private_server.start)
-    assert await _until_back(store, "k2") == {"i": 2}  # the same store object
-    await store.put("k1", {"i": 1})
-    assert await store.get_many(keys[:5]) == [{"i": i} for i in range(5)]
-    assert await store.pop("k3") == {"i": 3}
-    assert await store.update("k4", lambda old: {"i": old["i"] * 10} if old else None) == {"i": 40}
-
-
-async def test_server_killed_then_restarted(private_server: MariaDBServer, fault_store: MySQLStore) -> None:
-    store = fault_store
-    await store.put("k", {"v": 1})
-    await anyio.to_thread.run_sync(private_server.kill)
-    await assert_connection_errors([lambda: store.get("k")], TIMEOUT + 3, DRIVER_ERRORS)
-    await anyio.to_thread.run_sync(private_server.start)
-    assert await _until_back(store, "k") == {"v": 1}  # committed before the crash: recovered
-
-
-async def test_store_made_while_the_server_is_down_works_once_it_is_up(private_server: MariaDBServer) -> None:
-    await anyio.to_thread.run_sync(private_server.stop)
-    store = MySQLStore(private_server.url, timeout=TIMEOUT, table="late")
-    try:
-        await assert_connection_errors([lambda: store.put("k", {"v": 1})], TIMEOUT + 3, DRIVER_ERRORS)
-        await anyio.to_thread.run_sync(private_server.start)
-        assert await _until_back(store, "k") is None
-        await store.put("k", {"v": 1})
-        assert await store.get("k") == {"v": 1}
-    finally:
-        await store.aclose()
-
-
-# -- a writer killed with SIGKILL ------------------------------------------------------------
-
-KILLS = 8
-
-
-def _batches(url: str, table: str) -> dict[str, dict[str, int]]:
-    """The ``batches`` collection as key -> value ({} before the table exists)."""
-    try:
-        (found,) = run_sql(url, f"SELECT `key`, value FROM `{table}` WHERE collection = 'batches'")
-    except asyncmy.ProgrammingError:  # no table yet
-        return {}
-    return {bytes(key).decode(): json.loads(value) for key, value in found}
-
-
-@my
-def test_sigkilled_writer_never_leaves_a_partial_put_many(backend: MySQLBackend, namespace: str) -> None:
-    url, options = backend.url(namespace)
-    table = options["table"]
-    seed = int.from_bytes(os.urandom(4), "big")
-    rng = random.Random(seed)
-    newest, writes_interrupted = -1, 0
-    for kill in range(KILLS):
-        child = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.mysql", "crash", url, table, str(newest + 1)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert child.stdout is not None
-        first = ""
-        if kill % 2:  # let it write, then kill it mid-loop
-            ready, _, _ = select.select([child.stdout], [], [], 30)
-            first = child.stdout.readline() if ready else ""
-            time.sleep(rng.uniform(0, 0.05))
-        else:  # anywhere from start-up (creating the table) to writing
-            time.sleep(rng.uniform(0, 0.6))
-        child.kill()
-        output = first + child.communicate(timeout=30)[0]
-        assert child.returncode == -9, f"seed {seed}, kill {kill}: child exited with {child.returncode}: {output}"
-        acknowledged = [int(line) for line in output.split("\n")[:-1]]
-        writes_interrupted += bool(acknowledged)
-        newest = max(newest, newest_whole_batch(_batches(backend.database_url, table)))
-        assert max(acknowledged, default=-1) <= newest, f"seed {seed}, kill {kill}: an acknowledged batch was lost"
-    assert writes_interrupted >= KILLS // 2, "too few kills interrupted a writing child to test anything"

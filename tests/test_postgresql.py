@@ -1,25 +1,16 @@
-"""PostgreSQL-specific tests: URLs, layout, long names, PgBouncer mode, first use, privileges, faults.
+"""PostgreSQL-specific tests: URLs, layout, long names, PgBouncer mode, privileges, timeouts.
 
 The shared suites run over the table's ``postgresql`` row (tests/support/postgresql.py); these
-tests pin what only this backend has. Fault tests run on a private server (PostgresServer)
-that they stop and start; the SIGKILL test runs a writer process on the machine's server.
+tests pin what only this backend has. What every SQL-server backend must survive (first use
+by several processes, a SIGKILLed writer, a private server stopped and crashed) is in
+tests/test_sql_servers.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import json
-import os
-import random
-import select
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import anyio
@@ -28,19 +19,13 @@ import pytest
 
 from kvstores import KVStoreError, StoreConnectionError, open_store
 from kvstores.backends.postgresql import DEFAULT_TABLE, SCHEMA_VERSION, PostgreSQLStore
-from tests.support import Unavailable, free_port, run_processes
-from tests.support.fixtures import assert_connection_errors, rows, skip_or_fail
-from tests.support.postgresql import PostgreSQLBackend, PostgresServer, first_use, run_sql, table_name
-from tests.support.workers import newest_whole_batch
+from tests.support.fixtures import rows
+from tests.support.postgresql import PostgreSQLBackend, run_sql, table_name
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgresql]
 
 pg = pytest.mark.parametrize("backend", rows("postgresql"), indirect=True)
 """Run a test on the table's PostgreSQL row (the machine's server, the session's database)."""
-
-ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT = 1.0
-DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
 
 
 def with_user(url: str, user: str) -> str:
@@ -274,23 +259,6 @@ async def test_statement_cache_size(backend: PostgreSQLBackend, namespace: str, 
 
 
 @pg
-def test_concurrent_first_use_by_several_processes_creates_the_schema_once(
-    backend: PostgreSQLBackend, namespace: str
-) -> None:
-    workers = 5
-    for round_ in range(3):
-        table = f"{table_name(namespace)[:40]}_{round_}"
-        outcomes = run_processes(first_use, [(backend.database_url, table, worker) for worker in range(workers)], 120)
-        assert outcomes == dict.fromkeys(range(workers)), outcomes
-        (counts,) = run_sql(
-            backend.database_url,
-            f"SELECT count(*) FILTER (WHERE collection = ''::bytea), count(*) FILTER (WHERE collection = 'default')"
-            f' FROM "{table}"',
-        )
-        assert tuple(counts[0]) == (1, workers)
-
-
-@pg
 async def test_least_privilege_role_that_owns_only_its_table(backend: PostgreSQLBackend) -> None:
     role = f"kvstores_lp_{uuid.uuid4().hex[:10]}"
     admin = backend.database_url
@@ -427,188 +395,3 @@ async def test_statement_blocked_by_a_lock_times_out(backend: PostgreSQLBackend,
         await client_side.destroy()
         await client_side.aclose()
         await server_side.aclose()
-
-
-async def test_nothing_listening_raises_connection_error_within_timeout() -> None:
-    async with PostgreSQLStore(f"postgresql://postgres@127.0.0.1:{free_port()}/db", timeout=TIMEOUT) as store:
-        operations: list[Callable[[], Awaitable[Any]]] = [lambda: store.get("k"), lambda: store.put("k", {"v": 1})]
-        await assert_connection_errors(operations, TIMEOUT + 1, OSError)
-
-
-# -- faults on a private server --------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def private_server() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of this module's own (initdb'd once), running at the start of each test."""
-    try:
-        server = PostgresServer()
-    except Unavailable as exc:
-        skip_or_fail("postgresql", f"no private PostgreSQL server: {exc}")
-    try:
-        server.init()
-        server.start()
-    except Unavailable as exc:
-        server.remove()
-        skip_or_fail("postgresql", f"no private PostgreSQL server: {exc}")
-    yield server
-    server.remove()
-
-
-@pytest.fixture
-async def fault_store(private_server: PostgresServer) -> AsyncIterator[PostgreSQLStore]:
-    """A store on the private server whose calls time out after TIMEOUT seconds."""
-    if not (private_server.data / "postmaster.pid").exists():
-        await anyio.to_thread.run_sync(private_server.start)
-    store = PostgreSQLStore(private_server.url, timeout=TIMEOUT, table=f"t{uuid.uuid4().hex[:12]}")
-    yield store
-    await store.aclose()
-
-
-async def _until_back(store: PostgreSQLStore, key: str) -> Any:
-    """``store.get(key)`` once the server answers again (at most 15 s)."""
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            return await store.get(key)
-        except StoreConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            await anyio.sleep(0.1)
-
-
-async def test_server_stopped_mid_run_then_restarted(
-    private_server: PostgresServer, fault_store: PostgreSQLStore
-) -> None:
-    store = fault_store
-    keys = [f"k{i}" for i in range(100)]
-    await store.put_many(keys, [{"i": i} for i in range(100)])
-    seen: list[BaseException] = []
-    stopping = asyncio.Event()
-
-    async def load(worker: int) -> None:
-        for n in range(100_000):  # bounded: the test sets ``stopping`` within seconds
-            if stopping.is_set():
-                return
-            try:
-                if n % 2:
-                    await store.get(keys[(worker + n) % 100])
-                else:
-                    await store.put(f"load{worker}", {"n": n})
-            except StoreConnectionError as exc:
-                seen.append(exc)
-                await anyio.sleep(0.01)
-
-    loaders = [asyncio.create_task(load(worker)) for worker in range(4)]
-    await anyio.sleep(0.3)
-    await anyio.to_thread.run_sync(private_server.stop)  # clients disconnected mid-call
-    operations: list[Callable[[], Awaitable[Any]]] = [
-        lambda: store.get("k1"),
-        lambda: store.put("k1", {"i": -1}),
-        lambda: store.get_many(keys),
-        lambda: store.put_many(keys[:2], [{}, {}]),
-        lambda: store.pop("k3"),
-        lambda: store.update("k4", lambda old: old),
-        lambda: store.keys(),
-    ]
-    await assert_connection_errors(operations, TIMEOUT + 3, DRIVER_ERRORS)
-    stopping.set()
-    await asyncio.gather(*loaders)  # any other exception in a loader fails the test here
-    assert seen and all(isinstance(exc.__cause__, DRIVER_ERRORS) for exc in seen)
-
-    await anyio.to_thread.run_sync(private_server.start)
-    assert await _until_back(store, "k2") == {"i": 2}  # the same store object
-    await store.put("k1", {"i": 1})
-    assert await store.get_many(keys[:5]) == [{"i": i} for i in range(5)]
-    assert await store.pop("k3") == {"i": 3}
-    assert await store.update("k4", lambda old: {"i": old["i"] * 10} if old else None) == {"i": 40}
-
-
-async def test_server_crash_then_restart(private_server: PostgresServer, fault_store: PostgreSQLStore) -> None:
-    store = fault_store
-    await store.put("k", {"v": 1})
-    await anyio.to_thread.run_sync(private_server.stop, "immediate")
-    await assert_connection_errors([lambda: store.get("k")], TIMEOUT + 3, DRIVER_ERRORS)
-    await anyio.to_thread.run_sync(private_server.start)
-    assert await _until_back(store, "k") == {"v": 1}
-
-
-async def test_store_made_while_the_server_is_down_works_once_it_is_up(private_server: PostgresServer) -> None:
-    await anyio.to_thread.run_sync(private_server.stop)
-    store = PostgreSQLStore(private_server.url, timeout=TIMEOUT, table="late")
-    try:
-        await assert_connection_errors([lambda: store.put("k", {"v": 1})], TIMEOUT + 3, DRIVER_ERRORS)
-        await anyio.to_thread.run_sync(private_server.start)
-        assert await _until_back(store, "k") is None
-        await store.put("k", {"v": 1})
-        assert await store.get("k") == {"v": 1}
-    finally:
-        await store.aclose()
-
-
-# -- a writer killed with SIGKILL ------------------------------------------------------------
-
-KILLS = 8
-
-
-def _batches(url: str, table: str) -> dict[str, dict[str, int]]:
-    """The ``batches`` collection as key -> value ({} before the table exists)."""
-    (exists,) = run_sql(url, ("SELECT to_regclass($1) IS NOT NULL", (f'"{table}"',)))
-    if not exists[0][0]:
-        return {}
-    (found,) = run_sql(url, f"SELECT key, value FROM \"{table}\" WHERE collection = 'batches'")
-    return {bytes(key).decode(): json.loads(value) for key, value in found}
-
-
-@pg
-def test_sigkilled_writer_never_leaves_a_partial_put_many(backend: PostgreSQLBackend, namespace: str) -> None:
-    url, options = backend.url(namespace)
-    table = options["table"]
-    seed = int.from_bytes(os.urandom(4), "big")
-    rng = random.Random(seed)
-    newest, writes_interrupted = -1, 0
-    for kill in range(KILLS):
-        child = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.postgresql", "crash", url, table, str(newest + 1)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert child.stdout is not None
-        first = ""
-        if kill % 2:  # let it write, then kill it mid-loop
-            ready, _, _ = select.select([child.stdout], [], [], 30)
-            first = child.stdout.readline() if ready else ""
-            time.sleep(rng.uniform(0, 0.05))
-        else:  # anywhere from start-up (creating the table) to writing
-            time.sleep(rng.uniform(0, 0.6))
-        child.kill()
-        output = first + child.communicate(timeout=30)[0]
-        assert child.returncode == -9, f"seed {seed}, kill {kill}: child exited with {child.returncode}: {output}"
-        acknowledged = [int(line) for line in output.split("\n")[:-1]]
-        writes_interrupted += bool(acknowledged)
-        newest = max(newest, newest_whole_batch(_batches(backend.database_url, table)))
-        assert max(acknowledged, default=-1) <= newest, f"seed {seed}, kill {kill}: an acknowledged batch was lost"
-    assert writes_interrupted >= KILLS // 2, "too few kills interrupted a writing child to test anything"
-
-
-@pg
-async def test_concurrent_overlapping_bulk_writes_never_deadlock(backend: PostgreSQLBackend, namespace: str) -> None:
-    """Bulk writes lock their rows in one order (sorted by digest), so overlapping put_many and
-    delete_many calls from several pools queue instead of deadlocking (seen under the soak)."""
-    stores = [await backend.open(namespace, batching=False) for _ in range(3)]
-    keys = [f"k{i}" for i in range(40)]
-    try:
-
-        async def writer(store: PostgreSQLStore, seed: int) -> None:
-            rng = random.Random(seed)
-            for _ in range(60):
-                chosen = rng.sample(keys, 20)
-                await store.put_many(chosen, [{"seed": seed}] * len(chosen))
-                await store.delete_many(rng.sample(keys, 5))
-
-        await asyncio.gather(*(writer(store, seed) for seed, store in enumerate(stores * 2)))
-    finally:
-        await stores[0].destroy()
-        for store in stores:
-            await store.aclose()

@@ -55,6 +55,10 @@ A table entry (a :class:`Backend` subclass) implements:
   put_many may be partly applied when the connection fails under it). Tests that run on "every
   persistent / networked / shared backend" pick their rows by these attributes
   (``fixtures.rows_with``), never by name, so a new backend joins them by its entry alone.
+- For a store that keeps its entries in one table of an SQL server, ``sql = True`` and
+  ``driver_errors``, ``rows_of(table, collection)`` and ``private_server()``: the server tests
+  of tests/test_sql_servers.py (first use by several processes, a SIGKILLed writer, a private
+  server stopped, crashed and started) then run on the row.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ import os
 import socket
 import subprocess
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 BACKENDS: dict[str, tuple[str, str]] = {
     "memory": ("memory", "tests.support.local:MemoryBackend"),
@@ -85,6 +89,33 @@ class Unavailable(Exception):
     """Raised when a service a test needs cannot be had on this machine."""
 
 
+class PrivateServer(Protocol):
+    """A server of a test's own, in a temporary folder, that the test may stop, crash and start."""
+
+    @property
+    def url(self) -> str:
+        """A URL of a database on it that a store may use, as a user who may do anything."""
+
+    @property
+    def running(self) -> bool:
+        """True while the server runs."""
+
+    def init(self) -> None:
+        """Create its data folder (once)."""
+
+    def start(self) -> None:
+        """Start it (again) and wait until it accepts connections; raise Unavailable when it cannot."""
+
+    def stop(self) -> None:
+        """A clean shutdown: clients disconnected, data kept."""
+
+    def crash(self) -> None:
+        """Stop it as a crash would: no shutdown; what was committed is recovered at the next start."""
+
+    def remove(self) -> None:
+        """Stop it if it runs and delete its folder."""
+
+
 class Backend:
     """One entry of the table: how the tests reach one backend (the contract is in the module docstring)."""
 
@@ -101,6 +132,10 @@ class Backend:
     """True when the row's URL names one TCP address a loopback proxy can stand in for (the fault tests)."""
     atomic_put_many = True
     """True when a put_many is all or nothing, also when the connection fails under it."""
+    sql = False
+    """True when the store keeps its entries in one table of an SQL server (tests/test_sql_servers.py)."""
+    driver_errors: tuple[type[BaseException], ...] = ()
+    """The driver's exceptions: a StoreConnectionError's ``__cause__`` is one of them (``sql`` rows)."""
 
     def start(self) -> None:
         """Start or reach the service; raise Unavailable when it cannot be had."""
@@ -122,6 +157,16 @@ class Backend:
     def corrupt(self, store: Any, key: str, raw: str | bytes | int) -> None:
         """Overwrite the stored value of ``key`` (default collection) with ``raw``, bypassing ``store``."""
         raise NotImplementedError(f"{self.name}: corrupt() is not written")
+
+    def rows_of(self, table: str, collection: str) -> dict[str, str]:
+        """key -> stored text of ``collection``'s rows in ``table`` of the row's database, read
+        behind the stores' backs, expired rows included ({} before the table exists; ``sql`` rows)."""
+        raise NotImplementedError(f"{self.name}: rows_of() is not written")
+
+    @staticmethod
+    def private_server() -> PrivateServer:
+        """A new (not yet initialised) server of the backend's kind (``sql`` rows); Unavailable when none can be had."""
+        raise NotImplementedError("private_server() is not written")
 
     def tagged(self, tag: str) -> dict[str, Any]:
         """Store options under which the server names the store's connections ``tag`` ({}: it cannot)."""

@@ -7,9 +7,6 @@ create and drop databases and users); otherwise it starts a private MariaDB serv
 per session and removes it at the end. Either way the row creates a database of its own and
 drops it at the end; each namespace is a table in that database (the store's ``table``
 option). The fault tests run private servers of their own, which they stop, kill and restart.
-
-Run as ``python -m tests.support.mysql crash URL TABLE FIRST_GENERATION``: the child of the
-SIGKILL test, which loops ``put_many`` of one crash-test batch after another.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -214,19 +210,17 @@ class MariaDBServer:
             except Exception as exc:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     log = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
-                    self.kill()
+                    self.crash()
                     raise Unavailable(f"mariadbd did not start: {exc}\n{log}") from exc
                 time.sleep(0.1)
 
-    def stop(self, mode: str = "fast") -> None:
-        """Stop the server: ``fast`` is a clean shutdown (clients disconnected), ``immediate`` a SIGKILL."""
-        if mode == "immediate":
-            self.kill()
-        elif self.process is not None:
+    def stop(self) -> None:
+        """A clean shutdown (clients disconnected)."""
+        if self.process is not None:
             stop_process(self.process, timeout=60)
             self.process = None
 
-    def kill(self) -> None:
+    def crash(self) -> None:
         """SIGKILL the server (a crash)."""
         if self.process is not None:
             if self.process.poll() is None:
@@ -241,7 +235,7 @@ class MariaDBServer:
 
     def remove(self) -> None:
         """Kill the server if it runs, and delete its folder."""
-        self.kill()
+        self.crash()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -251,35 +245,49 @@ class MySQLBackend(Backend):
     name = "mysql"
     server = True
     proxied = True
+    sql = True
+    driver_errors = (OSError, asyncmy.MySQLError)
 
     def start(self) -> None:
-        self.server: MariaDBServer | None = None
+        self.own_server: MariaDBServer | None = None
         self.server_url = os.environ.get(URL_VARIABLE, "")
         if not self.server_url:
-            self.server = MariaDBServer()
+            self.own_server = MariaDBServer()
             try:
-                self.server.init()
-                self.server.start()
+                self.own_server.init()
+                self.own_server.start()
             except Unavailable:
-                self.server.remove()
+                self.own_server.remove()
                 raise
-            self.server_url = self.server.url
+            self.server_url = self.own_server.url
         try:
             self.database_url = create_database(self.server_url)
         except (OSError, asyncmy.MySQLError) as exc:
-            if self.server is not None:
-                self.server.remove()
+            if self.own_server is not None:
+                self.own_server.remove()
             raise Unavailable(f"no MariaDB/MySQL at {urlsplit(self.server_url).netloc}: {exc}") from exc
 
     def stop(self) -> None:
         try:
             drop_database(self.server_url, self.database_url)
         finally:
-            if self.server is not None:
-                self.server.remove()
+            if self.own_server is not None:
+                self.own_server.remove()
 
     def url(self, namespace: str) -> tuple[str, dict[str, Any]]:
         return self.database_url, {"table": table_name(namespace)}
+
+    def rows_of(self, table: str, collection: str) -> dict[str, str]:
+        sql = f"SELECT `key`, value FROM `{table}` WHERE collection = %s"
+        try:
+            (found,) = run_sql(self.database_url, (sql, (collection.encode(),)))
+        except asyncmy.ProgrammingError:  # no table yet
+            return {}
+        return {bytes(key).decode(): value for key, value in found}
+
+    @staticmethod
+    def private_server() -> MariaDBServer:
+        return MariaDBServer()
 
     def corrupt(self, store: Any, key: str, raw: str | bytes | int) -> None:
         if not isinstance(raw, str):
@@ -293,44 +301,3 @@ class MySQLBackend(Backend):
             (f"SELECT value FROM {store.table} WHERE collection = %s AND `key` = %s", (b"default", key.encode())),
         )
         assert [row[0] for row in found] == [raw]
-
-
-# -- child processes -------------------------------------------------------------------------
-
-
-def first_use(url: str, table: str, worker: int, barrier: Any, results: Any) -> None:
-    """Open a store on a table nobody created yet, at the same moment as the other workers, and write."""
-    from kvstores.backends.mysql import MySQLStore
-
-    async def work() -> None:
-        store = MySQLStore(url, table=table)
-        try:
-            await asyncio.to_thread(barrier.wait)
-            await store.put(f"w{worker}", {"worker": worker})
-        finally:
-            await store.aclose()
-
-    try:
-        asyncio.run(work())
-        results.put((worker, None))
-    except BaseException as exc:
-        results.put((worker, f"{type(exc).__name__}: {exc}"))
-
-
-async def _write_batches(url: str, table: str, generation: int) -> None:
-    from kvstores.backends.mysql import MySQLStore
-    from tests.support.workers import batch
-
-    store = MySQLStore(url, table=table)
-    deadline = time.monotonic() + 60  # bounded: the test kills it long before
-    while time.monotonic() < deadline:
-        keys, values = batch(generation)
-        await store.put_many(keys, values, collection="batches")
-        print(generation, flush=True)  # acknowledged: committed
-        generation += 1
-    await store.aclose()
-
-
-if __name__ == "__main__":
-    if sys.argv[1] == "crash":
-        asyncio.run(_write_batches(sys.argv[2], sys.argv[3], int(sys.argv[4])))

@@ -6,9 +6,6 @@ and drops it at the end; each namespace is a table in that database (the store's
 option). :class:`PostgresServer` runs a private server (``initdb`` / ``pg_ctl`` from
 ``pg_config --bindir``, as the ``postgres`` user when the tests run as root: the server
 refuses root) in a temporary folder on a free loopback port.
-
-Run as ``python -m tests.support.postgresql crash URL TABLE FIRST_GENERATION``: the child of
-the SIGKILL test, which loops ``put_many`` of one crash-test batch after another.
 """
 
 from __future__ import annotations
@@ -20,10 +17,8 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -111,6 +106,8 @@ class PostgreSQLBackend(Backend):
     name = "postgresql"
     server = True
     proxied = True
+    sql = True
+    driver_errors = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
 
     def start(self) -> None:
         self.server_url = server_url()
@@ -124,6 +121,18 @@ class PostgreSQLBackend(Backend):
 
     def url(self, namespace: str) -> tuple[str, dict[str, Any]]:
         return self.database_url, {"table": table_name(namespace)}
+
+    def rows_of(self, table: str, collection: str) -> dict[str, str]:
+        (exists,) = run_sql(self.database_url, ("SELECT to_regclass($1) IS NOT NULL", (f'"{table}"',)))
+        if not exists[0][0]:
+            return {}
+        sql = f'SELECT key, value FROM "{table}" WHERE collection = $1'
+        (found,) = run_sql(self.database_url, (sql, (collection.encode(),)))
+        return {bytes(key).decode(): value for key, value in found}
+
+    @staticmethod
+    def private_server() -> PostgresServer:
+        return PostgresServer()
 
     def tagged(self, tag: str) -> dict[str, Any]:
         return {"server_settings": {"application_name": tag}}
@@ -196,50 +205,18 @@ class PostgresServer:
         """Stop the server: ``fast`` disconnects the clients, ``immediate`` is a crash."""
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
 
+    def crash(self) -> None:
+        """An immediate shutdown: no checkpoint, so the next start recovers from the WAL."""
+        self.stop("immediate")
+
+    @property
+    def running(self) -> bool:
+        """True while the server runs (its pid file exists)."""
+        return (self.data / "postmaster.pid").exists()
+
     def remove(self) -> None:
         """Stop the server if it runs, and delete its folder."""
-        if (self.data / "postmaster.pid").exists():
+        if self.running:
             with contextlib.suppress(Unavailable):
-                self.stop("immediate")
+                self.crash()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-# -- child processes -------------------------------------------------------------------------
-
-
-def first_use(url: str, table: str, worker: int, barrier: Any, results: Any) -> None:
-    """Open a store on a table nobody created yet, at the same moment as the other workers, and write."""
-    from kvstores.backends.postgresql import PostgreSQLStore
-
-    async def work() -> None:
-        store = PostgreSQLStore(url, table=table)
-        try:
-            await asyncio.to_thread(barrier.wait)
-            await store.put(f"w{worker}", {"worker": worker})
-        finally:
-            await store.aclose()
-
-    try:
-        asyncio.run(work())
-        results.put((worker, None))
-    except BaseException as exc:
-        results.put((worker, f"{type(exc).__name__}: {exc}"))
-
-
-async def _write_batches(url: str, table: str, generation: int) -> None:
-    from kvstores.backends.postgresql import PostgreSQLStore
-    from tests.support.workers import batch
-
-    store = PostgreSQLStore(url, table=table)
-    deadline = time.monotonic() + 60  # bounded: the test kills it long before
-    while time.monotonic() < deadline:
-        keys, values = batch(generation)
-        await store.put_many(keys, values, collection="batches")
-        print(generation, flush=True)  # acknowledged: committed
-        generation += 1
-    await store.aclose()
-
-
-if __name__ == "__main__":
-    if sys.argv[1] == "crash":
-        asyncio.run(_write_batches(sys.argv[2], sys.argv[3], int(sys.argv[4])))

@@ -1,9 +1,11 @@
-"""Child processes of the reliability suite (tests/test_crash.py, tests/test_multiprocess.py).
+"""Child processes of the reliability suite (tests/test_crash.py, test_multiprocess.py, test_sql_servers.py).
 
-Run as ``python -m tests.support.workers crash PATH FIRST_GENERATION`` from the repository
-root, or as multiprocessing targets. Kept apart from the test modules so that a child imports
-only kvstores, what its backend needs and tests/support/__init__.py (no pytest: the crash
-test kills children at start-up, so they must start fast).
+Run as ``python -m tests.support.workers crash URL FIRST_GENERATION [TABLE]`` from the
+repository root (a writer that loops ``put_many`` of one crash-test batch after another, for
+at most 60 s: the SIGKILL tests kill it long before), or as multiprocessing targets. Kept
+apart from the test modules so that a child imports only kvstores, what its backend needs and
+tests/support/__init__.py (no pytest: the crash test kills children at start-up, so they must
+start fast).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -54,15 +57,33 @@ def newest_whole_batch(entries: dict[str, dict[str, int]], *, contiguous: bool =
     return newest
 
 
-async def _write_batches(path: str, generation: int) -> None:
-    from kvstores.backends.sqlite import SQLiteStore
-
-    store = SQLiteStore(path)
-    while True:
+async def _write_batches(url: str, generation: int, table: str | None) -> None:
+    store = open_store(url, **({} if table is None else {"table": table}))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         keys, values = batch(generation)
         await store.put_many(keys, values, collection="batches")
         print(generation, flush=True)  # acknowledged: committed
         generation += 1
+    await store.aclose()
+
+
+def first_use(url: str, table: str, worker: int, barrier: Any, results: Any) -> None:
+    """Open a store on a table nobody created yet, at the same moment as the other workers, and write."""
+
+    async def work() -> None:
+        store = open_store(url, table=table)
+        try:
+            await asyncio.to_thread(barrier.wait)
+            await store.put(f"w{worker}", {"worker": worker})
+        finally:
+            await store.aclose()
+
+    try:
+        asyncio.run(work())
+        results.put((worker, None))
+    except BaseException as exc:
+        results.put((worker, f"{type(exc).__name__}: {exc}"))
 
 
 def own_key(worker: int, index: int) -> str:
@@ -140,4 +161,4 @@ def mixed_workload(
 
 if __name__ == "__main__":
     if sys.argv[1] == "crash":
-        asyncio.run(_write_batches(sys.argv[2], int(sys.argv[3])))
+        asyncio.run(_write_batches(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None))

@@ -1,0 +1,242 @@
+"""What every SQL-server backend (PostgreSQL, MariaDB/MySQL) must survive: rows ``sql`` of the table.
+
+Several processes creating the schema at once; overlapping bulk writes from several pools; a
+writer killed with SIGKILL between and inside its transactions; nothing listening; and, on a
+private server of the test's own (``Backend.private_server``), the server stopped under load,
+crashed, and down when the store is made, with the same store object working once it is back.
+What only one backend has stays in its own module (test_postgresql.py, test_mysql.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import select
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import pytest
+
+from kvstores import StoreConnectionError, open_store
+from tests.support import Backend, PrivateServer, Unavailable, entry_class, free_port, marker, run_processes
+from tests.support.fixtures import assert_connection_errors, rows_with, skip_or_fail
+from tests.support.workers import first_use, newest_whole_batch
+
+pytestmark = pytest.mark.anyio
+
+ROWS = rows_with("sql")
+sql_rows = pytest.mark.parametrize("backend", ROWS, indirect=True)
+"""Run a test on each SQL row's own server and database (the session's)."""
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 1.0
+"""The ``timeout`` option of the stores on a private server."""
+KILLS = 8
+
+
+@sql_rows
+def test_concurrent_first_use_by_several_processes_creates_the_schema_once(backend: Backend, namespace: str) -> None:
+    workers = 5
+    for round_ in range(3):
+        table = f"{namespace}_{round_}"
+        url, _ = backend.url(namespace)
+        outcomes = run_processes(first_use, [(url, table, worker) for worker in range(workers)], 120)
+        assert outcomes == dict.fromkeys(range(workers)), outcomes
+        assert len(backend.rows_of(table, "")) == 1, "the schema-version row"
+        assert len(backend.rows_of(table, "default")) == workers
+
+
+@sql_rows
+async def test_concurrent_overlapping_bulk_writes_never_deadlock(backend: Backend, namespace: str) -> None:
+    """Bulk writes lock their rows in one order (sorted by digest), so overlapping put_many and
+    delete_many calls from several pools queue instead of deadlocking (seen under the soak)."""
+    stores = [await backend.open(namespace, batching=False) for _ in range(3)]
+    keys = [f"k{i}" for i in range(40)]
+    try:
+
+        async def writer(store: Any, seed: int) -> None:
+            rng = random.Random(seed)
+            for _ in range(60):
+                chosen = rng.sample(keys, 20)
+                await store.put_many(chosen, [{"seed": seed}] * len(chosen))
+                await store.delete_many(rng.sample(keys, 5))
+
+        await asyncio.gather(*(writer(store, seed) for seed, store in enumerate(stores * 2)))
+    finally:
+        await stores[0].destroy()
+        for store in stores:
+            await store.aclose()
+
+
+@sql_rows
+def test_sigkilled_writer_never_leaves_a_partial_put_many(backend: Backend, namespace: str) -> None:
+    url, options = backend.url(namespace)
+    table = options["table"]
+    seed = int.from_bytes(os.urandom(4), "big")
+    rng = random.Random(seed)
+    newest, writes_interrupted = -1, 0
+    for kill in range(KILLS):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.workers", "crash", url, str(newest + 1), table],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        first = ""
+        if kill % 2:  # let it write, then kill it mid-loop
+            ready, _, _ = select.select([child.stdout], [], [], 30)
+            first = child.stdout.readline() if ready else ""
+            time.sleep(rng.uniform(0, 0.05))
+        else:  # anywhere from start-up (creating the table) to writing
+            time.sleep(rng.uniform(0, 0.6))
+        child.kill()
+        output = first + child.communicate(timeout=30)[0]
+        assert child.returncode == -9, f"seed {seed}, kill {kill}: child exited with {child.returncode}: {output}"
+        acknowledged = [int(line) for line in output.split("\n")[:-1]]
+        writes_interrupted += bool(acknowledged)
+        committed = {key: json.loads(text) for key, text in backend.rows_of(table, "batches").items()}
+        newest = max(newest, newest_whole_batch(committed))
+        assert max(acknowledged, default=-1) <= newest, f"seed {seed}, kill {kill}: an acknowledged batch was lost"
+    assert writes_interrupted >= KILLS // 2, "too few kills interrupted a writing child to test anything"
+
+
+@sql_rows
+async def test_nothing_listening_raises_connection_error_within_timeout(backend: Backend, namespace: str) -> None:
+    url, options = backend.url(namespace)
+    parts = urlsplit(url)
+    nowhere = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{free_port()}"))
+    async with open_store(nowhere, **{**options, "timeout": TIMEOUT}) as store:
+        operations: list[Callable[[], Awaitable[Any]]] = [lambda: store.get("k"), lambda: store.put("k", {"v": 1})]
+        await assert_connection_errors(operations, TIMEOUT + 1, backend.driver_errors)
+
+
+# -- faults on a private server --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=ROWS)
+def kind(request: pytest.FixtureRequest) -> type[Backend]:
+    """The entry class of an SQL row (its driver imported)."""
+    try:
+        return entry_class(request.param)
+    except ImportError as exc:
+        skip_or_fail(marker(request.param), f"{request.param}: {exc}")
+
+
+@pytest.fixture(scope="module")
+def private_server(kind: type[Backend]) -> Iterator[PrivateServer]:
+    """A server of this module's own (initialised once per row), running at the start of each test."""
+    try:
+        server = kind.private_server()
+    except Unavailable as exc:
+        skip_or_fail(marker(kind.name), f"no private {kind.name} server: {exc}")
+    try:
+        server.init()
+        server.start()
+    except Unavailable as exc:
+        server.remove()
+        skip_or_fail(marker(kind.name), f"no private {kind.name} server: {exc}")
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+async def fault_store(private_server: PrivateServer) -> AsyncIterator[Any]:
+    """A store on the private server whose calls time out after TIMEOUT seconds."""
+    if not private_server.running:
+        await anyio.to_thread.run_sync(private_server.start)
+    store = open_store(private_server.url, timeout=TIMEOUT, table=f"t{uuid.uuid4().hex[:12]}")
+    yield store
+    await store.aclose()
+
+
+async def _until_back(store: Any, key: str) -> Any:
+    """``store.get(key)`` once the server answers again (at most 30 s)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return await store.get(key)
+        except StoreConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            await anyio.sleep(0.1)
+
+
+async def test_server_stopped_mid_run_then_restarted(
+    kind: type[Backend], private_server: PrivateServer, fault_store: Any
+) -> None:
+    store = fault_store
+    keys = [f"k{i}" for i in range(100)]
+    await store.put_many(keys, [{"i": i} for i in range(100)])
+    seen: list[BaseException] = []
+    stopping = asyncio.Event()
+
+    async def load(worker: int) -> None:
+        for n in range(100_000):  # bounded: the test sets ``stopping`` within seconds
+            if stopping.is_set():
+                return
+            try:
+                if n % 2:
+                    await store.get(keys[(worker + n) % 100])
+                else:
+                    await store.put(f"load{worker}", {"n": n})
+            except StoreConnectionError as exc:
+                seen.append(exc)
+                await anyio.sleep(0.01)
+
+    loaders = [asyncio.create_task(load(worker)) for worker in range(4)]
+    await anyio.sleep(0.3)
+    await anyio.to_thread.run_sync(private_server.stop)  # clients disconnected mid-call
+    operations: list[Callable[[], Awaitable[Any]]] = [
+        lambda: store.get("k1"),
+        lambda: store.put("k1", {"i": -1}),
+        lambda: store.get_many(keys),
+        lambda: store.put_many(keys[:2], [{}, {}]),
+        lambda: store.pop("k3"),
+        lambda: store.update("k4", lambda old: old),
+        lambda: store.keys(),
+    ]
+    await assert_connection_errors(operations, TIMEOUT + 3, kind.driver_errors)
+    stopping.set()
+    await asyncio.gather(*loaders)  # any other exception in a loader fails the test here
+    assert seen and all(isinstance(exc.__cause__, kind.driver_errors) for exc in seen)
+
+    await anyio.to_thread.run_sync(private_server.start)
+    assert await _until_back(store, "k2") == {"i": 2}  # the same store object
+    await store.put("k1", {"i": 1})
+    assert await store.get_many(keys[:5]) == [{"i": i} for i in range(5)]
+    assert await store.pop("k3") == {"i": 3}
+    assert await store.update("k4", lambda old: {"i": old["i"] * 10} if old else None) == {"i": 40}
+
+
+async def test_server_crash_then_restart(kind: type[Backend], private_server: PrivateServer, fault_store: Any) -> None:
+    store = fault_store
+    await store.put("k", {"v": 1})
+    await anyio.to_thread.run_sync(private_server.crash)
+    await assert_connection_errors([lambda: store.get("k")], TIMEOUT + 3, kind.driver_errors)
+    await anyio.to_thread.run_sync(private_server.start)
+    assert await _until_back(store, "k") == {"v": 1}  # committed before the crash: recovered
+
+
+async def test_store_made_while_the_server_is_down_works_once_it_is_up(
+    kind: type[Backend], private_server: PrivateServer
+) -> None:
+    await anyio.to_thread.run_sync(private_server.stop)
+    store = open_store(private_server.url, timeout=TIMEOUT, table="late")
+    try:
+        await assert_connection_errors([lambda: store.put("k", {"v": 1})], TIMEOUT + 3, kind.driver_errors)
+        await anyio.to_thread.run_sync(private_server.start)
+        assert await _until_back(store, "k") is None
+        await store.put("k", {"v": 1})
+        assert await store.get("k") == {"v": 1}
+    finally:
+        await store.aclose()
