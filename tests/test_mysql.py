@@ -193,47 +193,6 @@ async def test_largest_value_round_trips(store: MySQLStore) -> None:
 
 
 @my
-async def test_expired_rows_are_reclaimed_by_the_sweep_and_by_cull(
-    backend: MySQLBackend, namespace: str, store: MySQLStore
-) -> None:
-    count = f"SELECT count(*) FROM {store.table} WHERE collection <> ''"
-    await store.put_many([f"e{i}" for i in range(20)], [{"i": i} for i in range(20)], ttl=0.05)
-    await store.put("stays", {"v": 1})
-    await anyio.sleep(0.1)
-    assert await store.get_many(["e0", "e19", "stays"]) == [None, None, {"v": 1}]  # invisible at once
-    assert await store.keys() == ["stays"]
-    assert run_sql(backend.database_url, count)[0][0][0] == 21  # not yet reclaimed (the sweep ran first)
-    await store.cull()
-    assert run_sql(backend.database_url, count)[0][0][0] == 1
-
-    sweeping = await backend.open(namespace, sweep_interval=0)  # every write sweeps
-    try:
-        await sweeping.put_many(["s1", "s2"], [{"v": 1}, {"v": 2}], ttl=0.05)
-        await anyio.sleep(0.1)
-        await sweeping.put("trigger", {"v": 1})
-        assert run_sql(backend.database_url, count)[0][0][0] == 2  # stays, trigger
-    finally:
-        await sweeping.aclose()
-
-
-@my
-async def test_an_expired_row_is_taken_over_never_resurrected(store: MySQLStore) -> None:
-    await store.put("k", {"v": "old"}, ttl=0.05)
-    await anyio.sleep(0.1)
-    assert await store.pop("k") is None
-    assert await store.delete("k") is False
-    await store.put("k", {"v": "old"}, ttl=0.05)
-    await anyio.sleep(0.1)
-    assert await store.update("k", lambda old: {"seen": old}) == {"seen": None}
-    assert await store.ttl("k") == ({"seen": None}, None)
-    await store.put("t", {"v": 1}, ttl=0.05)
-    await anyio.sleep(0.1)
-    assert await store.put_if_absent("t", {"v": 2}, ttl=30) is True
-    value, remaining = await store.ttl("t")
-    assert value == {"v": 2} and remaining is not None and 29 < remaining <= 30
-
-
-@my
 async def test_pop_without_returning_as_on_mysql(store: MySQLStore) -> None:
     await store.get("k")  # ready: the server was found to be MariaDB
     assert store._returning is True

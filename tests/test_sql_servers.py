@@ -1,6 +1,7 @@
 """What every SQL-server backend (PostgreSQL, MariaDB/MySQL) must survive: rows ``sql`` of the table.
 
-Several processes creating the schema at once; overlapping bulk writes from several pools; a
+Several processes creating the schema at once; overlapping bulk writes from several pools;
+expired rows hidden at once, reclaimed by the sweep and by cull, and taken over by a write; a
 writer killed with SIGKILL between and inside its transactions; nothing listening; and, on a
 private server of the test's own (``Backend.private_server``), the server stopped under load,
 crashed, and down when the store is made, with the same store object working once it is back.
@@ -75,6 +76,51 @@ async def test_concurrent_overlapping_bulk_writes_never_deadlock(backend: Backen
         await stores[0].destroy()
         for store in stores:
             await store.aclose()
+
+
+@sql_rows
+async def test_expired_rows_are_reclaimed_by_the_sweep_and_by_cull(
+    backend: Backend, namespace: str, store: Any
+) -> None:
+    _, options = backend.url(namespace)
+
+    def rows() -> int:
+        return len(backend.rows_of(options["table"], "default"))  # expired ones included
+
+    await store.put_many([f"e{i}" for i in range(20)], [{"i": i} for i in range(20)], ttl=0.05)
+    await store.put("stays", {"v": 1})
+    await anyio.sleep(0.1)
+    assert await store.get_many(["e0", "e19", "stays"]) == [None, None, {"v": 1}]  # invisible at once
+    assert await store.keys() == ["stays"]
+    assert rows() == 21  # not yet reclaimed (the sweep ran first)
+    await store.cull()
+    assert rows() == 1
+
+    sweeping = await backend.open(namespace, sweep_interval=0)  # every write sweeps
+    try:
+        await sweeping.put_many(["s1", "s2"], [{"v": 1}, {"v": 2}], ttl=0.05)
+        await anyio.sleep(0.1)
+        await sweeping.put("trigger", {"v": 1})
+        assert rows() == 2  # stays, trigger
+    finally:
+        await sweeping.aclose()
+
+
+@sql_rows
+async def test_an_expired_row_is_taken_over_never_resurrected(store: Any) -> None:
+    await store.put("k", {"v": "old"}, ttl=0.05)
+    await anyio.sleep(0.1)
+    assert await store.pop("k") is None
+    assert await store.delete("k") is False
+    await store.put("k", {"v": "old"}, ttl=0.05)
+    await anyio.sleep(0.1)
+    assert await store.update("k", lambda old: {"seen": old}) == {"seen": None}
+    assert await store.ttl("k") == ({"seen": None}, None)
+    await store.put("t", {"v": 1}, ttl=0.05)
+    await anyio.sleep(0.1)
+    assert await store.put_if_absent("t", {"v": 2}, ttl=30) is True
+    value, remaining = await store.ttl("t")
+    assert value == {"v": 2} and remaining is not None and 29 < remaining <= 30
 
 
 @sql_rows

@@ -63,13 +63,17 @@ A table entry (a :class:`Backend` subclass) implements:
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import multiprocessing
 import os
 import socket
 import subprocess
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 BACKENDS: dict[str, tuple[str, str]] = {
     "memory": ("memory", "tests.support.local:MemoryBackend"),
@@ -244,6 +248,28 @@ def run_processes(
     codes = [process.exitcode for process in processes]
     assert codes == [0] * len(processes), f"exit codes {codes}; outcomes {outcomes}"
     return outcomes
+
+
+def run_in_thread(work: Callable[[], Coroutine[Any, Any, T]], what: str, timeout: float = 60) -> T:
+    """``await work()`` on a thread of its own with its own event loop, within ``timeout`` seconds,
+    so that sync code (fixtures, other threads) and async tests alike can call it (``what`` names it)."""
+    results: list[T] = []
+    failure: list[BaseException] = []
+
+    def thread() -> None:
+        try:
+            results.append(asyncio.run(work()))
+        except BaseException as exc:
+            failure.append(exc)
+
+    runner = threading.Thread(target=thread)
+    runner.start()
+    runner.join(timeout=timeout)
+    if runner.is_alive():
+        raise TimeoutError(f"{what} did not finish within {timeout:g} s")
+    if failure:
+        raise failure[0]
+    return results[0]
 
 
 def stop_process(process: subprocess.Popen[Any], timeout: float = 15) -> None:

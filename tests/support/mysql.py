@@ -11,7 +11,6 @@ option). The fault tests run private servers of their own, which they stop, kill
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import re
@@ -19,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -29,7 +27,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import asyncmy
 
-from tests.support import Backend, Unavailable, free_port, stop_process
+from tests.support import Backend, Unavailable, free_port, run_in_thread, stop_process
 
 URL_VARIABLE = "KVSTORES_MYSQL_URL"
 """Environment variable naming a server (and a database to connect to) the tests use instead of a private one."""
@@ -65,10 +63,9 @@ def run_sql(url: str, *statements: str | tuple[str, Sequence[Any]]) -> list[Any]
     Runs on a thread of its own with its own event loop, so that sync code (fixtures, other
     threads) and async tests alike can call it.
     """
-    results: list[Any] = []
-    failure: list[BaseException] = []
 
-    async def work() -> None:
+    async def work() -> list[Any]:
+        results: list[Any] = []
         connection = await asyncmy.connect(**connect_options(url))
         try:
             for statement in statements:
@@ -78,21 +75,9 @@ def run_sql(url: str, *statements: str | tuple[str, Sequence[Any]]) -> list[Any]
                     results.append(list(await cursor.fetchall()) if cursor.description else [])
         finally:
             connection.close()
+        return results
 
-    def thread() -> None:
-        try:
-            asyncio.run(work())
-        except BaseException as exc:
-            failure.append(exc)
-
-    runner = threading.Thread(target=thread)
-    runner.start()
-    runner.join(timeout=60)
-    if runner.is_alive():
-        raise TimeoutError(f"SQL on {urlsplit(url).netloc} did not finish within 60 s")
-    if failure:
-        raise failure[0]
-    return results
+    return run_in_thread(work, f"SQL on {urlsplit(url).netloc}")
 
 
 def create_database(url: str, prefix: str = "kvstores_tests") -> str:

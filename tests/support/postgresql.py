@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from tests.support import Backend, Unavailable, free_port
+from tests.support import Backend, Unavailable, free_port, run_in_thread
 
 URL_VARIABLE = "KVSTORES_POSTGRESQL_URL"
 """Environment variable naming the server (and a database to connect to) the tests use."""
@@ -52,10 +51,9 @@ def run_sql(url: str, *statements: str | tuple[str, Sequence[Any]]) -> list[Any]
     Runs on a thread of its own with its own event loop, so that sync code (fixtures, other
     threads) and async tests alike can call it.
     """
-    results: list[Any] = []
-    failure: list[BaseException] = []
 
-    async def work() -> None:
+    async def work() -> list[Any]:
+        results: list[Any] = []
         connection = await asyncpg.connect(url, timeout=10)
         try:
             for statement in statements:
@@ -63,21 +61,9 @@ def run_sql(url: str, *statements: str | tuple[str, Sequence[Any]]) -> list[Any]
                 results.append(await connection.fetch(sql, *arguments, timeout=30))
         finally:
             await connection.close()
+        return results
 
-    def thread() -> None:
-        try:
-            asyncio.run(work())
-        except BaseException as exc:
-            failure.append(exc)
-
-    runner = threading.Thread(target=thread)
-    runner.start()
-    runner.join(timeout=60)
-    if runner.is_alive():
-        raise TimeoutError(f"SQL on {url} did not finish within 60 s")
-    if failure:
-        raise failure[0]
-    return results
+    return run_in_thread(work, f"SQL on {urlsplit(url).netloc}")
 
 
 def create_database(url: str, prefix: str = "kvstores_tests") -> str:
