@@ -148,34 +148,6 @@ async def test_server_time_zone_does_not_move_expiry(backend: MySQLBackend, name
 
 
 @my
-async def test_longest_multibyte_names_round_trip_and_stay_distinct(store: MySQLStore) -> None:
-    collection, key = "\U0001f600" * 1024, "\U0001f601" * 1024  # 4 KiB of UTF-8 each
-    near_collection, near_key = collection[:-1] + "\U0001f602", key[:-1] + "\U0001f603"
-    pairs = [(collection, key), (collection, near_key), (near_collection, key), (near_collection, near_key)]
-    for index, (c, k) in enumerate(pairs):
-        await store.put(k, {"i": index}, collection=c)
-    for index, (c, k) in enumerate(pairs):
-        assert await store.get(k, collection=c) == {"i": index}
-        assert await store.ttl(k, collection=c) == ({"i": index}, None)
-    assert await store.get_many([key, near_key], collection=collection) == [{"i": 0}, {"i": 1}]
-    assert await store.ttl_many([near_key], collection=near_collection) == [({"i": 3}, None)]
-    assert sorted(await store.keys(collection)) == sorted([key, near_key])
-    assert sorted(await store.collections()) == sorted([collection, near_collection])
-    await store.put_many([key, near_key], [{"m": 0}, {"m": 1}], collection=near_collection, ttl=60)
-    assert await store.get_many([near_key, key], collection=near_collection) == [{"m": 1}, {"m": 0}]
-    assert await store.put_if_absent(key, {"x": 1}, collection=collection) is False
-    assert await store.update(key, lambda old: {"i": old["i"] + 10} if old else None, collection=collection) == {
-        "i": 10
-    }
-    assert await store.pop(near_key, collection=collection) == {"i": 1}
-    assert await store.get(key, collection=collection) == {"i": 10}
-    assert await store.delete_many([key, near_key, key], collection=near_collection) == 2
-    assert await store.collections() == [collection]
-    assert await store.destroy_collection(collection) is True
-    assert await store.collections() == []
-
-
-@my
 async def test_case_and_normalization_stay_distinct(store: MySQLStore) -> None:
     names = ["a", "A", "caf\u00e9", "cafe\u0301", "a ", "a\x00"]
     await store.put_many(names, [{"i": i} for i in range(len(names))])
