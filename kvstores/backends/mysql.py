@@ -101,6 +101,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
 from kvstores._urls import flag
+from kvstores.backends._rows import VERSION_ROW, RowNames, decoded, digest
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks, deadline
 from kvstores.errors import ConflictError, KVStoreError, StoreConnectionError
 
@@ -137,11 +138,8 @@ _SWEEP_BATCH: Final = 1_000
 _DEADLOCK_ATTEMPTS: Final = 3  # a statement (or transaction) the server chose as a deadlock victim runs again
 _POP_ATTEMPTS: Final = 100  # MySQL's read-then-compare-and-delete pop, racing other writers
 _LOCK_WAIT: Final = 30  # seconds GET_LOCK waits for another process creating the table
-_IDS_CACHED: Final = 1_000  # collections whose (digest, name) is kept ready
 _UpsertRow = tuple[bytes, bytes, bytes, bytes, str, "int | None"]  # the columns of one upserted row
 _NO_LIMIT: Final = 2**64 - 1
-_VERSION_COLLECTION = b""  # no kvstores collection is empty: the schema version's row
-_VERSION_KEY = b"schema_version"
 
 _DEADLOCK: Final = 1213  # ER_LOCK_DEADLOCK: the server rolled the statement or transaction back
 _NO_SUCH_TABLE: Final = 1146
@@ -198,10 +196,6 @@ def _translated_error(exc: Exception) -> KVStoreError | None:
     return None
 
 
-def _digest(name: bytes) -> bytes:
-    return hashlib.sha256(name).digest()
-
-
 def _quoted_table(table: str) -> str:
     """The quoted, validated table name."""
     if not isinstance(table, str):
@@ -222,14 +216,6 @@ def _micros(ttl: float | None) -> int | None:
 
 def _seconds(micros: int | None) -> float | None:
     return None if micros is None else micros / 1e6
-
-
-def _name(raw: bytes) -> str | None:
-    """A stored name as text, or None when it is not UTF-8 (so not written by kvstores)."""
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        return None
 
 
 def _bucket(count: int) -> int:
@@ -421,7 +407,7 @@ class MySQLStore(BaseStore):
         self._returning = True  # MariaDB's DELETE ... RETURNING (decided on first use)
         self._sweep_interval = sweep_interval
         self._next_sweep = 0.0
-        self._ids: dict[str, tuple[bytes, bytes]] = {}
+        self._names = RowNames()
         self._killing: set[asyncio.Task[None]] = set()
         lock = hashlib.sha256(f"{self._connect_options.get('database')}.{self.table}".encode()).hexdigest()
         self._lock_name = f"kvstores:{lock[:48]}"
@@ -443,9 +429,8 @@ class MySQLStore(BaseStore):
         return self._ready_pool
 
     async def _check_schema(self, connection: Any) -> None:
-        version_row = (_digest(_VERSION_COLLECTION), _digest(_VERSION_KEY), _VERSION_COLLECTION, _VERSION_KEY)
         try:
-            _, rows = await _execute(connection, self._sql.version, version_row)
+            _, rows = await _execute(connection, self._sql.version, VERSION_ROW)
         except my_errors.ProgrammingError as exc:
             if _code(exc) != _NO_SUCH_TABLE:
                 raise
@@ -461,10 +446,10 @@ class MySQLStore(BaseStore):
                     if _code(exc) != _NO_SUCH_TABLE:
                         raise
                     await _execute(connection, self._sql.create)
-                await _execute(connection, self._sql.add_version, (*version_row, str(SCHEMA_VERSION)))
+                await _execute(connection, self._sql.add_version, (*VERSION_ROW, str(SCHEMA_VERSION)))
             finally:
                 await _execute(connection, "DO RELEASE_LOCK(%s)", (self._lock_name,))
-            _, rows = await _execute(connection, self._sql.version, version_row)
+            _, rows = await _execute(connection, self._sql.version, VERSION_ROW)
         version = rows[0][0] if rows else None
         if version != str(SCHEMA_VERSION):
             raise KVStoreError(
@@ -565,22 +550,6 @@ class MySQLStore(BaseStore):
 
     # -- names -----------------------------------------------------------------------
 
-    def _collection_ids(self, collection: str) -> tuple[bytes, bytes]:
-        """``(digest, UTF-8 name)`` of ``collection``."""
-        ids = self._ids.get(collection)
-        if ids is None:
-            if len(self._ids) >= _IDS_CACHED:
-                self._ids.clear()
-            name = collection.encode()
-            ids = self._ids[collection] = (_digest(name), name)
-        return ids
-
-    def _row(self, collection: str, key: str) -> tuple[bytes, bytes, bytes, bytes]:
-        """The parameters that pick the row of (collection, key)."""
-        collection_id, name = self._collection_ids(collection)
-        encoded = key.encode()
-        return collection_id, _digest(encoded), name, encoded
-
     def _padded_ids(self, ids: list[bytes]) -> list[bytes]:
         """``ids`` padded with copies of its last one to a statement shape that is prepared already."""
         return ids + ids[-1:] * (_bucket(len(ids)) - len(ids)) if self._padded else ids
@@ -588,22 +557,22 @@ class MySQLStore(BaseStore):
     # -- primitives ------------------------------------------------------------------
 
     async def _get(self, collection: str, key: str) -> str | None:
-        _, rows = await self._query(self._sql.get, self._row(collection, key))
+        _, rows = await self._query(self._sql.get, self._names.row(collection, key))
         return rows[0][0] if rows else None
 
     async def _ttl(self, collection: str, key: str) -> tuple[str | None, float | None]:
-        _, rows = await self._query(self._sql.ttl, self._row(collection, key))
+        _, rows = await self._query(self._sql.ttl, self._names.row(collection, key))
         return (rows[0][0], _seconds(rows[0][1])) if rows else (None, None)
 
     async def _select_many(
         self, columns: str, collection: str, keys: Sequence[str]
     ) -> tuple[list[bytes], dict[bytes, Any]]:
         """The keys as UTF-8 and the live rows (``key``, ``columns``) by key."""
-        collection_id, name = self._collection_ids(collection)
+        collection_id, name = self._names.collection(collection)
         encoded = [key.encode() for key in keys]
         found: dict[bytes, Any] = {}
         for chunk in chunks(encoded, _CHUNK):
-            ids = self._padded_ids([_digest(key) for key in chunk])
+            ids = self._padded_ids([digest(key) for key in chunk])
             _, rows = await self._query(self._sql.select_many(columns, len(ids)), (collection_id, *ids, name))
             found.update((row[0], row) for row in rows)
         return encoded, found
@@ -619,7 +588,7 @@ class MySQLStore(BaseStore):
 
     async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
         await self._sweep_when_due()
-        await self._query(self._sql.put, (*self._row(collection, key), text, _micros(ttl)))
+        await self._query(self._sql.put, (*self._names.row(collection, key), text, _micros(ttl)))
 
     async def _get_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
         # one SELECT per collection (each on the primary key), joined by UNION ALL: one round trip
@@ -629,8 +598,8 @@ class MySQLStore(BaseStore):
         parts: list[str] = []
         args: list[Any] = []
         for collection, keys in keys_by_collection.items():
-            collection_id, name = self._collection_ids(collection)
-            ids = self._padded_ids([_digest(key.encode()) for key in keys])
+            collection_id, name = self._names.collection(collection)
+            ids = self._padded_ids([digest(key.encode()) for key in keys])
             parts.append(self._sql.select_many("collection, value", len(ids)))
             args += (collection_id, *ids, name)
         _, rows = await self._query(" UNION ALL ".join(parts), args)
@@ -643,7 +612,7 @@ class MySQLStore(BaseStore):
     async def _put_entries(self, entries: Sequence[Entry]) -> None:
         await self._sweep_when_due()
         # in primary-key order, as every bulk write locks rows: overlapping writes queue, never deadlock
-        rows = sorted((*self._row(collection, key), text, _micros(ttl)) for collection, key, text, ttl in entries)
+        rows = sorted((*self._names.row(collection, key), text, _micros(ttl)) for collection, key, text, ttl in entries)
         statements: list[tuple[str, list[Any]]] = []
         batch: list[_UpsertRow] = []
         size = 0
@@ -666,13 +635,13 @@ class MySQLStore(BaseStore):
         return self._sql.put_many(len(batch)), [value for row in batch for value in row]
 
     async def _delete(self, collection: str, key: str) -> bool:
-        count, _ = await self._query(self._sql.delete, self._row(collection, key))
+        count, _ = await self._query(self._sql.delete, self._names.row(collection, key))
         return count > 0
 
     async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
-        collection_id, name = self._collection_ids(collection)
+        collection_id, name = self._names.collection(collection)
         deleted = 0
-        for chunk in chunks(sorted((_digest(key.encode()), key.encode()) for key in keys), _CHUNK):
+        for chunk in chunks(sorted((digest(key.encode()), key.encode()) for key in keys), _CHUNK):
             ids = self._padded_ids([key_id for key_id, _ in chunk])
             encoded = self._padded_ids([key for _, key in chunk])
             count, _ = await self._query(self._sql.delete_many(len(ids)), (collection_id, *ids, name, *encoded))
@@ -680,16 +649,16 @@ class MySQLStore(BaseStore):
         return deleted
 
     async def _keys(self, collection: str, limit: int | None) -> list[str]:
-        args = (*self._collection_ids(collection), _NO_LIMIT if limit is None else limit)
+        args = (*self._names.collection(collection), _NO_LIMIT if limit is None else limit)
         _, rows = await self._query(self._sql.keys, args)
-        return [key for (raw,) in rows if (key := _name(raw)) is not None]
+        return [key for (raw,) in rows if (key := decoded(raw)) is not None]
 
     async def _collections(self, limit: int | None) -> list[str]:
         _, rows = await self._query(self._sql.collections, (_NO_LIMIT if limit is None else limit,))
-        return [name for (raw,) in rows if (name := _name(raw)) is not None]
+        return [name for (raw,) in rows if (name := decoded(raw)) is not None]
 
     async def _destroy_collection(self, collection: str) -> bool:
-        ids = self._collection_ids(collection)
+        ids = self._names.collection(collection)
         live, _ = await self._query(self._sql.destroy_collection_live, ids)
         await self._query(self._sql.destroy_collection_rest, ids)  # the expired ones
         return live > 0
@@ -705,7 +674,7 @@ class MySQLStore(BaseStore):
     async def _swap(
         self, collection: str, key: str, expected: Stored | None, text: str | None, ttl: float | None
     ) -> bool:
-        row = self._row(collection, key)
+        row = self._names.row(collection, key)
         if isinstance(expected, bytes):
             expected = expected.decode()
         if expected is None and text is None:  # delete what is absent: done while it stays absent
@@ -728,7 +697,7 @@ class MySQLStore(BaseStore):
         return count > 0
 
     async def _pop(self, collection: str, key: str) -> str | None:
-        row = self._row(collection, key)
+        row = self._names.row(collection, key)
         if self._returning:
             _, rows = await self._query(self._sql.pop, row)
             return rows[0][0] if rows else None

@@ -83,7 +83,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import re
 import time
 from collections.abc import Sequence
@@ -91,6 +90,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from kvstores._optional import missing_extra
+from kvstores.backends._rows import VERSION_ROW, RowNames, decoded, digest
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, deadline
 from kvstores.errors import KVStoreError, StoreConnectionError
 
@@ -121,9 +121,6 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _MAX_TABLE_NAME: Final = 55  # leaves room for the index name "<table>_expiry" within 63 bytes
 _SWEEP_BATCH: Final = 1_000
 _DEADLOCK_ATTEMPTS: Final = 3  # a statement the server chose as a deadlock victim runs again
-_IDS_CACHED: Final = 1_000  # collections whose (name, digest) is kept ready
-_VERSION_COLLECTION = b""  # no kvstores collection is empty: the schema version's row
-_VERSION_KEY = b"schema_version"
 _UNREACHABLE = (
     OSError,  # refused, reset, unreachable, TLS failures; TimeoutError (our deadline) too
     pg_errors.PostgresConnectionError,  # class 08: the connection failed or was lost mid-call
@@ -157,10 +154,6 @@ def _translated_error(exc: Exception) -> KVStoreError | None:
     return None
 
 
-def _digest(name: bytes) -> bytes:
-    return hashlib.sha256(name).digest()
-
-
 def _quoted_table(table: str) -> tuple[str, str]:
     """The quoted, validated table name and the quoted name of its expiry index."""
     if not isinstance(table, str):
@@ -186,14 +179,6 @@ async def _release_quietly(pool: asyncpg.Pool[Any], connection: Any, within: flo
     """Return ``connection`` to ``pool`` in the background; asyncpg drops it if that fails."""
     with contextlib.suppress(Exception):
         await pool.release(connection, timeout=within)
-
-
-def _name(raw: bytes) -> str | None:
-    """A stored name as text, or None when it is not UTF-8 (so not written by kvstores)."""
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        return None
 
 
 class _Statements:
@@ -343,9 +328,9 @@ class PostgreSQLStore(BaseStore):
         self._opening = asyncio.Lock()
         self._sweep_interval = sweep_interval
         self._next_sweep = 0.0
-        self._ids: dict[str, tuple[bytes, bytes]] = {}
+        self._names = RowNames()
         self._releasing: set[asyncio.Task[None]] = set()
-        self._lock_id = int.from_bytes(_digest(f"kvstores {self.table}".encode())[:8], "big", signed=True)
+        self._lock_id = int.from_bytes(digest(f"kvstores {self.table}".encode())[:8], "big", signed=True)
 
     # -- connection ------------------------------------------------------------------
 
@@ -362,15 +347,9 @@ class PostgreSQLStore(BaseStore):
         return self._ready_pool
 
     async def _check_schema(self, pool: asyncpg.Pool[Any]) -> None:
-        version_row = (
-            _digest(_VERSION_COLLECTION),
-            _digest(_VERSION_KEY),
-            _VERSION_COLLECTION,
-            _VERSION_KEY,
-        )
         async with pool.acquire() as connection:
             try:
-                version = await connection.fetchval(self._sql.get, *version_row)
+                version = await connection.fetchval(self._sql.get, *VERSION_ROW)
             except pg_errors.UndefinedTableError:
                 version = None
             if version is None:  # a new table (or one made by hand without the row)
@@ -379,8 +358,8 @@ class PostgreSQLStore(BaseStore):
                     if await connection.fetchval("SELECT to_regclass($1) IS NULL", self.table):
                         for statement in self._sql.create:
                             await connection.execute(statement)
-                    await connection.execute(self._sql.add_version, *version_row, str(SCHEMA_VERSION))
-                version = await connection.fetchval(self._sql.get, *version_row)
+                    await connection.execute(self._sql.add_version, *VERSION_ROW, str(SCHEMA_VERSION))
+                version = await connection.fetchval(self._sql.get, *VERSION_ROW)
         if version != str(SCHEMA_VERSION):
             raise KVStoreError(
                 f"PostgreSQL table {self.table} holds kvstores schema version {version}; "
@@ -456,39 +435,23 @@ class PostgreSQLStore(BaseStore):
 
     # -- names -----------------------------------------------------------------------
 
-    def _collection_ids(self, collection: str) -> tuple[bytes, bytes]:
-        """``(digest, UTF-8 name)`` of ``collection``."""
-        ids = self._ids.get(collection)
-        if ids is None:
-            if len(self._ids) >= _IDS_CACHED:
-                self._ids.clear()
-            name = collection.encode()
-            ids = self._ids[collection] = (_digest(name), name)
-        return ids
-
-    def _row(self, collection: str, key: str) -> tuple[bytes, bytes, bytes, bytes]:
-        """The parameters $1-$4 that pick the row of (collection, key)."""
-        collection_id, name = self._collection_ids(collection)
-        encoded = key.encode()
-        return collection_id, _digest(encoded), name, encoded
-
     # -- primitives ------------------------------------------------------------------
 
     async def _get(self, collection: str, key: str) -> str | None:
-        text: str | None = await self._query("fetchval", self._sql.get, *self._row(collection, key))
+        text: str | None = await self._query("fetchval", self._sql.get, *self._names.row(collection, key))
         return text
 
     async def _ttl(self, collection: str, key: str) -> tuple[str | None, float | None]:
-        row = await self._query("fetchrow", self._sql.ttl, *self._row(collection, key))
+        row = await self._query("fetchrow", self._sql.ttl, *self._names.row(collection, key))
         return (None, None) if row is None else (row[0], row[1])
 
     async def _select_many(
         self, sql: str, collection: str, keys: Sequence[str]
     ) -> tuple[list[bytes], dict[bytes, Any]]:
         """The keys as UTF-8 and the live rows of ``sql`` by key."""
-        collection_id, name = self._collection_ids(collection)
+        collection_id, name = self._names.collection(collection)
         encoded = [key.encode() for key in keys]
-        rows = await self._query("fetch", sql, collection_id, [_digest(key) for key in encoded], name)
+        rows = await self._query("fetch", sql, collection_id, [digest(key) for key in encoded], name)
         return encoded, {row[0]: row for row in rows}
 
     async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
@@ -496,7 +459,7 @@ class PostgreSQLStore(BaseStore):
         return [None if (row := found.get(key)) is None else row[1] for key in encoded]
 
     async def _get_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
-        columns = list(zip(*(self._row(collection, key) for collection, key in pairs)))
+        columns = list(zip(*(self._names.row(collection, key) for collection, key in pairs)))
         rows = await self._query("fetch", self._sql.get_pairs, *map(list, columns))
         found: list[str | None] = [None] * len(pairs)
         for position, text in rows:
@@ -506,7 +469,7 @@ class PostgreSQLStore(BaseStore):
     async def _put_entries(self, entries: Sequence[Entry]) -> None:
         await self._sweep_when_due()
         # in (collection_id, key_id) order, as every bulk write locks rows: no deadlock between them
-        rows = sorted((*self._row(collection, key), text, ttl) for collection, key, text, ttl in entries)
+        rows = sorted((*self._names.row(collection, key), text, ttl) for collection, key, text, ttl in entries)
         await self._query("execute", self._sql.put_entries, *map(list, zip(*rows)))
 
     async def _ttl_many(self, collection: str, keys: Sequence[str]) -> list[tuple[str | None, float | None]]:
@@ -515,35 +478,35 @@ class PostgreSQLStore(BaseStore):
 
     async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
         await self._sweep_when_due()
-        await self._query("execute", self._sql.put, *self._row(collection, key), text, ttl)
+        await self._query("execute", self._sql.put, *self._names.row(collection, key), text, ttl)
 
     async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
         await self._sweep_when_due()
-        collection_id, name = self._collection_ids(collection)
-        rows = sorted((_digest(key.encode()), key.encode(), text) for key, text in zip(keys, texts))
+        collection_id, name = self._names.collection(collection)
+        rows = sorted((digest(key.encode()), key.encode(), text) for key, text in zip(keys, texts))
         ids, encoded, ordered = (list(column) for column in zip(*rows))
         await self._query("execute", self._sql.put_many, collection_id, name, ids, encoded, ordered, ttl)
 
     async def _delete(self, collection: str, key: str) -> bool:
-        return bool(await self._query("fetchval", self._sql.delete, *self._row(collection, key)))
+        return bool(await self._query("fetchval", self._sql.delete, *self._names.row(collection, key)))
 
     async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
-        collection_id, name = self._collection_ids(collection)
-        rows = sorted((_digest(key.encode()), key.encode()) for key in keys)
+        collection_id, name = self._names.collection(collection)
+        rows = sorted((digest(key.encode()), key.encode()) for key in keys)
         ids, encoded = (list(column) for column in zip(*rows))
         count: int = await self._query("fetchval", self._sql.delete_many, collection_id, ids, name, encoded)
         return count
 
     async def _keys(self, collection: str, limit: int | None) -> list[str]:
-        rows = await self._query("fetch", self._sql.keys, *self._collection_ids(collection), limit)
-        return [key for (raw,) in rows if (key := _name(raw)) is not None]
+        rows = await self._query("fetch", self._sql.keys, *self._names.collection(collection), limit)
+        return [key for (raw,) in rows if (key := decoded(raw)) is not None]
 
     async def _collections(self, limit: int | None) -> list[str]:
         rows = await self._query("fetch", self._sql.collections, limit)
-        return [name for (raw,) in rows if (name := _name(raw)) is not None]
+        return [name for (raw,) in rows if (name := decoded(raw)) is not None]
 
     async def _destroy_collection(self, collection: str) -> bool:
-        return bool(await self._query("fetchval", self._sql.destroy_collection, *self._collection_ids(collection)))
+        return bool(await self._query("fetchval", self._sql.destroy_collection, *self._names.collection(collection)))
 
     async def _destroy(self) -> bool:
         return bool(await self._query("fetchval", self._sql.destroy))
@@ -554,7 +517,7 @@ class PostgreSQLStore(BaseStore):
     async def _swap(
         self, collection: str, key: str, expected: Stored | None, text: str | None, ttl: float | None
     ) -> bool:
-        row = self._row(collection, key)
+        row = self._names.row(collection, key)
         if isinstance(expected, bytes):
             expected = expected.decode()
         if expected is None and text is None:  # delete what is absent: done while it stays absent
@@ -567,5 +530,5 @@ class PostgreSQLStore(BaseStore):
         return bool(await self._query("fetchval", self._sql.replace_if, *row, text, ttl, expected))
 
     async def _pop(self, collection: str, key: str) -> str | None:
-        found = await self._query("fetchrow", self._sql.pop, *self._row(collection, key))
+        found = await self._query("fetchrow", self._sql.pop, *self._names.row(collection, key))
         return found[0] if found is not None and found[1] else None
