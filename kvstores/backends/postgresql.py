@@ -433,8 +433,6 @@ class PostgreSQLStore(BaseStore):
             if status == f"DELETE {_SWEEP_BATCH}":  # more to do: sweep again at the next write
                 self._next_sweep = now
 
-    # -- names -----------------------------------------------------------------------
-
     # -- primitives ------------------------------------------------------------------
 
     async def _get(self, collection: str, key: str) -> str | None:
