@@ -2,7 +2,8 @@
 
 The package::
 
-    __init__.py          the table (BACKENDS), the Backend contract, free_port, stop_process
+    __init__.py          the table (BACKENDS), the Backend contract, PrivateServer, free_port,
+                         run_processes, run_in_thread, stop_process
     fixtures.py          the pytest side: rows of the table with their markers, the fixtures
                          (backend, namespace, store, peer_store), TableStores, skip_or_fail,
                          assert_connection_errors; tests/conftest.py registers it as a plugin
@@ -10,6 +11,9 @@ The package::
     redis.py             the machine's Redis, a 3-master Cluster; RedisServer: a redis-server of a test's own
     mongodb.py           MongoDB (KVSTORES_MONGODB_URL) or a SecantusDB server, by pymongo and by motor
     postgresql.py        the machine's PostgreSQL, and private servers the fault tests stop and start
+    mysql.py             MariaDB/MySQL (KVSTORES_MYSQL_URL) or a private MariaDB of the session's own,
+                         and private servers the fault tests stop and crash
+    haproxy.py           HAProxy from Debian's package in front of replicas (tests/test_replicas.py)
     faults.py            a fault-injecting TCP proxy on loopback (tests/test_faults.py)
     events.py            MCP servers, raw SSE and a failing store for the event-store tests
     sessions.py          durable-session tests: FastMCP servers in child processes, a client that picks one
@@ -17,7 +21,7 @@ The package::
     examples.py          the persistent_state example scripts run as processes
     check_targets.py     factories ``kvstores check`` is pointed at (tests/test_check.py)
     cli_targets.py       py-key-value stores as ``kvstores`` CLI targets
-    workers.py           child processes of the crash and multi-process tests
+    workers.py           child processes of the crash, multi-process and SQL-server tests
     atomic_workers.py    child processes of the several-processes atomic-operations tests
     hypothesis_profiles.py  the "ci" (default) and "long" hypothesis profiles
 
