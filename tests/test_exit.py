@@ -8,11 +8,13 @@ time and everything written to stderr.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,24 @@ pytestmark = pytest.mark.anyio
 
 EXIT_WITHIN = 2.0  # seconds from asyncio.run's return to the end of the process
 SIGINT_EXIT_WITHIN = 5.0
+
+
+@pytest.fixture(autouse=True)
+def _forget_what_the_children_left(backend: Backend, namespace: str) -> Iterator[None]:
+    """The children never close their stores, let alone clean them: destroy their namespace
+    afterwards, so that nothing stays behind on a shared server (the machine's Redis)."""
+    yield
+    if backend.persistent:
+
+        async def destroy() -> None:
+            store = await backend.open(namespace)
+            try:
+                await store.destroy()
+            finally:
+                await store.aclose()
+
+        asyncio.run(destroy())
+
 
 _SCRIPT = """
 import asyncio, sys
