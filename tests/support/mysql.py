@@ -100,6 +100,10 @@ def table_name(namespace: str) -> str:
     return "ns_" + hashlib.sha256(namespace.encode()).hexdigest()[:40]
 
 
+class _PortTaken(Exception):
+    """The private server's port was taken by another process before the server could bind it."""
+
+
 def _program(*names: str) -> str:
     for name in names:
         for folder in (None, "/usr/sbin", "/usr/bin"):
@@ -125,6 +129,7 @@ class MariaDBServer:
         self.tmp.mkdir()
         self.log = self.folder / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self._started = False  # once it has run, its port is the one stores name: it stays
         self._user: list[str] = []
         if os.geteuid() == 0:  # the server refuses to run as root: it runs as mysql, which owns the folder
             self._user = ["--user=mysql"]
@@ -161,9 +166,26 @@ class MariaDBServer:
             raise Unavailable(f"mariadb-install-db failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
 
     def start(self, timeout: float = 60) -> None:
-        """Start the server (again, after a stop) and wait until it accepts connections."""
+        """Start the server (again, after a stop) and wait until it accepts connections.
+
+        The port was free when :func:`free_port` chose it, but another test worker may have taken
+        it since: a first start that finds it in use moves to another (a restart keeps its port,
+        which the stores on it name).
+        """
+        for attempt in range(3):
+            try:
+                self._start(timeout)
+                self._started = True
+                return
+            except _PortTaken:
+                if self._started or attempt == 2:
+                    raise Unavailable(f"port {self.port} stayed in use") from None
+                self.port = free_port()
+
+    def _start(self, timeout: float) -> None:
         if self.process is not None and self.process.poll() is None:
             return
+        logged = self.log.stat().st_size if self.log.exists() else 0
         command = [
             self.daemon,
             "--no-defaults",
@@ -188,16 +210,17 @@ class MariaDBServer:
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.folder
         )
         deadline = time.monotonic() + timeout
-        while True:
-            try:
+        while True:  # until the server says it is ready (then it holds the port), or exits
+            log = self.log.read_bytes()[logged:].decode(errors="replace") if self.log.exists() else ""
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.crash()
+                if "Address already in use" in log:
+                    raise _PortTaken
+                raise Unavailable(f"mariadbd did not start:\n{log[-2000:]}")
+            if "ready for connections" in log:
                 run_sql(self.url, "SELECT 1")
                 return
-            except Exception as exc:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    log = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
-                    self.crash()
-                    raise Unavailable(f"mariadbd did not start: {exc}\n{log}") from exc
-                time.sleep(0.1)
+            time.sleep(0.1)
 
     def stop(self) -> None:
         """A clean shutdown (clients disconnected)."""
