@@ -284,6 +284,11 @@ def _remaining(milliseconds: int) -> float | None:
     return None if milliseconds < 0 else milliseconds / 1000
 
 
+def _unknown_option(exc: TypeError) -> ValueError:
+    """The error for a URL option redis-py's constructors refuse (``exc`` names it)."""
+    return ValueError(f"a Redis URL option is unknown to redis-py: {exc}")
+
+
 class RedisStore(BaseStore):
     """A store on Redis (standalone or Cluster) with native millisecond TTLs.
 
@@ -343,7 +348,7 @@ class RedisStore(BaseStore):
             try:
                 return RedisCluster.from_url(f"redis{separator}{rest}", **options)
             except TypeError as exc:  # an option redis-py does not know
-                raise ValueError(f"a Redis URL option is unknown to redis-py: {exc}") from None
+                raise _unknown_option(exc) from None
         # a refused or reset connection is retried (a restarted server); a timeout is not
         options.setdefault("retry", _Retry(backoff, 2, (redis_errors.ConnectionError,)))
         if scheme.lower() == _SENTINEL_SCHEME:
@@ -352,7 +357,7 @@ class RedisStore(BaseStore):
         try:  # redis-py takes any option here and fails at the first connect: fail now, nothing opened
             pool.connection_class(**pool.connection_kwargs)
         except TypeError as exc:
-            raise ValueError(f"a Redis URL option is unknown to redis-py: {exc}") from None
+            raise _unknown_option(exc) from None
         return Redis.from_pool(pool)
 
     def _connect_sentinel(self, url: str, options: dict[str, Any]) -> Redis:
