@@ -10,6 +10,7 @@ from kvstores.base import DEFAULT_COLLECTION, BaseStore
 from kvstores.errors import (
     ConflictError,
     DeserializationError,
+    EncryptionKeyError,
     InvalidKeyError,
     InvalidTTLError,
     KVStoreError,
@@ -28,6 +29,7 @@ from kvstores.protocol import (
     EnumerateKeysStore,
     LifecycleStore,
     capabilities,
+    implements,
 )
 from kvstores.registry import open_store
 
@@ -41,6 +43,7 @@ __all__ = [
     "DeserializationError",
     "DestroyCollectionStore",
     "DestroyStore",
+    "EncryptionKeyError",
     "EnumerateCollectionsStore",
     "EnumerateKeysStore",
     "InvalidKeyError",
@@ -57,5 +60,6 @@ __all__ = [
     "StoreConnectionError",
     "ValueTooLargeError",
     "capabilities",
+    "implements",
     "open_store",
 ]

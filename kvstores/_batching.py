@@ -3,10 +3,18 @@
 A :class:`Coalescer` serves one kind of call (get or put) of one store. When no call of its
 kind is in flight, a call goes out at once, alone, in its caller's task: a lone caller pays
 nothing (no timer, no sleep, no extra task). Calls that arrive while one is in flight wait in
-a FIFO queue; when the flight lands, one task takes the queue (up to ``max_items`` calls and
-``max_bytes`` of payload) and runs it as a single bulk call, then the next batch, until the
-queue is empty. So under load each round trip carries every call that arrived during the
-previous one, and with one caller nothing changes.
+a FIFO queue until the event loop has run everything ready (one ``call_soon``), so that every
+call made in that turn of the loop is queued by then; the queue then goes out as one bulk call
+(up to ``max_items`` calls and ``max_bytes`` of payload) beside the call in flight if the store
+has a second connection (``capacity``), or else when that call lands. One bulk call flies at a
+time: calls that arrive meanwhile ride the next. So a burst of up to ``max_items`` + 1 calls costs
+one round trip, as with batching off (one call alone, the rest together, side by side),
+and under load each round trip carries every call that arrived during the previous one; with
+one caller nothing changes.
+
+Calls with the same ``key`` (puts of one key) never fly at once: a queued call whose key is
+in flight waits for that flight to land, so calls on one key keep their order (in one batch,
+the store makes the last queued write win).
 
 Each call keeps its own result: the bulk call's results are handed back one per call, a
 failure of the bulk call (a lost connection) fails every call of that batch with the same
@@ -20,8 +28,8 @@ no batch starts afterwards (a batch already in flight completes or fails on its 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 __all__ = ["Coalescer"]
@@ -33,7 +41,10 @@ Result = TypeVar("Result")
 class Coalescer(Generic[Item, Result]):
     """Runs ``run_one`` for a lone call, ``run_batch`` for the calls that queued meanwhile.
 
-    ``size`` measures an item for the ``max_bytes`` bound; ``on_batch`` hears each batch's size.
+    ``size`` measures an item for the ``max_bytes`` bound; ``key`` names what must keep its
+    order (None: nothing); ``capacity`` is how many flights may be out at once, the store's
+    connections (the default, one, makes a batch wait for the call in flight to land);
+    ``on_batch`` hears each batch's size.
     """
 
     def __init__(
@@ -42,6 +53,8 @@ class Coalescer(Generic[Item, Result]):
         run_batch: Callable[[Sequence[Item]], Awaitable[Sequence[Result]]],
         *,
         size: Callable[[Item], int] = lambda item: 0,
+        key: Callable[[Item], Hashable] | None = None,
+        capacity: Callable[[], int] = lambda: 1,
         max_items: int = 1_000,
         max_bytes: int = 8 * 1024 * 1024,
         on_batch: Callable[[int], None] = lambda count: None,
@@ -49,27 +62,35 @@ class Coalescer(Generic[Item, Result]):
         self._run_one = run_one
         self._run_batch = run_batch
         self._size = size
+        self._key = key
+        self._capacity = capacity
         self._max_items = max_items
         self._max_bytes = max_bytes
         self._on_batch = on_batch
-        self._busy = False
+        self._flights = 0
+        self._flying: Counter[Hashable] = Counter()  # keys in flight (with ``key``)
+        self._flush_soon = False
         self._closed: Callable[[], BaseException] | None = None
         self._queue: deque[tuple[Item, asyncio.Future[Result]]] = deque()
-        self._flusher: asyncio.Task[None] | None = None
+        self._batch: asyncio.Task[None] | None = None  # the one batch in flight
 
     async def __call__(self, item: Item) -> Result:
         """The result of ``item``, run alone when nothing is in flight, else in the next batch."""
         if self._closed is not None:
             raise self._closed()
-        if self._busy:
-            future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if self._flights or self._queue:
+            future: asyncio.Future[Result] = loop.create_future()
             self._queue.append((item, future))
+            if not self._flush_soon:
+                self._flush_soon = True
+                loop.call_soon(self._flush)
             return await future
-        self._busy = True
+        keys = self._take_off([item])
         try:
             return await self._run_one(item)
         finally:
-            self._hand_over()
+            self._land(keys)
 
     def close(self, error: Callable[[], BaseException]) -> None:
         """Fail every queued call with ``error()`` and start no batch from now on."""
@@ -79,48 +100,74 @@ class Coalescer(Generic[Item, Result]):
             if not future.done():
                 future.set_exception(error())
 
-    def _hand_over(self) -> None:
-        """The flight landed: start a task that runs what queued meanwhile, or go idle."""
-        if self._queue and self._closed is None:
-            self._flusher = asyncio.get_running_loop().create_task(self._flush())
-        else:
-            self._busy = False
+    def _take_off(self, items: Sequence[Item]) -> list[Hashable]:
+        """Count a flight of ``items`` out; return the keys it holds."""
+        self._flights += 1
+        if self._key is None:
+            return []
+        keys = [self._key(item) for item in items]
+        self._flying.update(keys)
+        return keys
 
-    async def _flush(self) -> None:
+    def _land(self, keys: list[Hashable]) -> None:
+        """A flight of ``keys`` landed: send what it held back."""
+        self._flights -= 1
+        self._flying.subtract(keys)
+        for key in keys:
+            if self._flying[key] <= 0:
+                del self._flying[key]
+        if self._queue:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Send the next batch of the queue, unless one is in flight or the connections are taken."""
+        self._flush_soon = False
+        if self._batch is not None or not self._queue or self._closed is not None:
+            return
+        if self._flights >= max(1, self._capacity()):
+            return
+        batch = self._take()
+        if batch:
+            keys = self._take_off([item for item, _ in batch])
+            self._batch = asyncio.get_running_loop().create_task(self._fly(batch, keys))
+
+    async def _fly(self, batch: list[tuple[Item, asyncio.Future[Result]]], keys: list[Hashable]) -> None:
+        self._on_batch(len(batch))
         try:
-            while self._queue and self._closed is None:
-                batch = self._take()
-                if not batch:
-                    continue
-                self._on_batch(len(batch))
-                try:
-                    results = await self._run_batch([item for item, _ in batch])
-                except Exception as exc:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                else:
-                    for (_, future), result in zip(batch, results):
-                        if not future.done():
-                            future.set_result(result)
-        finally:
-            self._busy = False
-            self._flusher = None
-            for _, future in self._queue:  # only if the flush itself was cancelled (loop shutdown)
+            results = await self._run_batch([item for item, _ in batch])
+        except Exception as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+        except BaseException:  # the batch itself was cancelled (loop shutdown): so is every call left
+            for _, future in (*batch, *self._queue):
                 future.cancel()
             self._queue.clear()
+            raise
+        else:
+            for (_, future), result in zip(batch, results):
+                if not future.done():
+                    future.set_result(result)
+        finally:
+            self._batch = None
+            self._land(keys)
 
     def _take(self) -> list[tuple[Item, asyncio.Future[Result]]]:
-        """The next batch: queued calls still awaited, bounded in count and bytes (at least one)."""
+        """The next batch: queued calls still awaited whose key is not in flight, bounded in count and bytes."""
         batch: list[tuple[Item, asyncio.Future[Result]]] = []
+        waiting: list[tuple[Item, asyncio.Future[Result]]] = []  # their key is in flight: they keep their place
         total = 0
         while self._queue and len(batch) < self._max_items:
             item, future = self._queue[0]
             if future.done():  # its caller was cancelled
                 self._queue.popleft()
                 continue
+            if self._key is not None and self._key(item) in self._flying:
+                waiting.append(self._queue.popleft())
+                continue
             total += self._size(item)
             if batch and total > self._max_bytes:
                 break
             batch.append(self._queue.popleft())
+        self._queue.extendleft(reversed(waiting))
         return batch

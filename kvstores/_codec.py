@@ -16,9 +16,14 @@ Limits (the same on every backend):
 from __future__ import annotations
 
 import json
+import marshal
 import math
+import re
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
+
+import orjson
 
 from kvstores.errors import (
     DeserializationError,
@@ -129,16 +134,94 @@ def _check_structure(value: dict[str, Any]) -> None:
             stack.extend((v, depth + 1) for v in node if isinstance(v, _CONTAINERS))
 
 
-def encode_value(value: Mapping[str, Any]) -> str:
-    """Validate ``value`` and return its compact JSON text; raise SerializationError.
+class _NotPlainJSON(Exception):
+    """The fast path cannot vouch for a value: the stdlib path decides (and explains a rejection)."""
 
-    Every message starts "cannot serialize value": FastMCP's ``Context.set_state`` looks for
-    "serialize" in a ValueError to tell the user about ``serializable=False``.
+
+def _not_plain(obj: object) -> NoReturn:
+    raise _NotPlainJSON
+
+
+_ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+"""Subclasses (namedtuples, numpy floats, ...), datetimes and dataclasses go to ``default``: the stdlib path."""
+
+_ORJSON_MAX_DEPTH = 254
+"""orjson refuses values nested deeper than this many dicts and lists."""
+
+_PADDING = _ORJSON_MAX_DEPTH - MAX_DEPTH
+"""Lists wrapped around a value so that orjson's own depth limit falls exactly on MAX_DEPTH."""
+
+_NON_FINITE_FLOAT = re.compile(rb"[g\xe7][\x00-\xff]{6}[\xf0-\xff][\x7f\xff]")
+"""A float in marshal's format 4 ('g', with or without its reference flag, then 8 little-endian
+IEEE bytes) whose exponent bits are all ones: NaN or +-inf. UTF-8 text never holds the last two
+bytes, so strings cannot match; any other false match only sends the value down the stdlib path."""
+
+_COUNT_BYTES = 4096
+"""Up to this size, counting brackets (a value deeper than MAX_DEPTH has more than MAX_DEPTH)
+costs less than dumping the value inside the padding's lists; beyond it, more."""
+
+_FAST_MAX_BYTES = MAX_VALUE_BYTES // 2
+"""Above this size the stdlib path measures the value, so that the size limit falls where it
+always did: orjson spells floats below 1e-4 differently (``1e-7`` for ``1e-07``, ``0.00001`` for
+``1e-05``, same value), which moves the encoded size by less than half."""
+
+
+class _Padding(threading.local):
+    """Each thread's lists for :func:`_dumps_padded`: _PADDING of them, each inside the next."""
+
+    def __init__(self) -> None:
+        self.inner: list[Any] = [None]
+        self.outer = self.inner
+        for _ in range(_PADDING - 1):
+            self.outer = [self.outer]
+
+
+_padding = _Padding()
+
+
+def _dumps_padded(value: dict[str, Any]) -> bytes:
+    """orjson's text of ``value`` dumped inside _PADDING lists, so that it fails beyond MAX_DEPTH."""
+    padding = _padding  # the thread's own lists, built once: building them costs more than a small dump
+    padding.inner[0] = value
+    try:
+        raw = orjson.dumps(padding.outer, _not_plain, _ORJSON_OPTIONS)
+        if padding.inner[0] is not value:  # a signal handler encoded on this thread meanwhile
+            raise _NotPlainJSON
+    finally:
+        padding.inner[0] = None
+    return raw[_PADDING:-_PADDING]
+
+
+def _encode_fast(value: dict[str, Any]) -> str:
+    """The compact JSON text of ``value`` through orjson; raise _NotPlainJSON when unsure.
+
+    The text is json.dumps' own but for the spelling of floats below 1e-4 (the same values).
+
+    One pass of orjson validates as it encodes: it refuses what is not JSON (non-str keys,
+    lone surrogates, bytes, sets, ...), and what it refuses only for speed (integers beyond
+    64 bits, subclasses), and nesting beyond MAX_DEPTH once the value is padded to its limit.
+    It also writes what the stdlib refuses (NaN and inf as null, UUIDs, plain enums), so
+    marshal, a C walk that takes only the exact built-in types, screens the value for those.
     """
-    if type(value) is not dict:
-        if not isinstance(value, Mapping):
-            raise SerializationError(f"cannot serialize value: not a Mapping with str keys but {type(value).__name__}")
-        value = dict(value)
+    raw = orjson.dumps(value, _not_plain, _ORJSON_OPTIONS)
+    # too deep only if longer than MAX_DEPTH times "[]" and with more than MAX_DEPTH brackets
+    if len(raw) > 2 * MAX_DEPTH and (len(raw) > _COUNT_BYTES or raw.count(b"[") + raw.count(b"{") > MAX_DEPTH):
+        raw = _dumps_padded(value)
+    if len(raw) > _FAST_MAX_BYTES:
+        raise _NotPlainJSON
+    try:
+        screened = marshal.dumps(value, 4)
+    except ValueError:
+        raise _NotPlainJSON from None
+    # orjson writes NaN and inf as null: text without "null" holds neither; else their marshal
+    # form ends in 0x7f or 0xff (one memchr each finds none in most values), else the pattern
+    if b"null" in raw and (b"\x7f" in screened or b"\xff" in screened) and _NON_FINITE_FLOAT.search(screened):
+        raise _NotPlainJSON
+    return raw.decode()
+
+
+def _encode_stdlib(value: dict[str, Any]) -> str:
+    """json.dumps' compact text of ``value`` after the full structure walk; raise SerializationError."""
     try:
         text = _encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -156,17 +239,86 @@ def encode_value(value: Mapping[str, Any]) -> str:
     return text
 
 
+def encode_value(value: Mapping[str, Any]) -> str:
+    """Validate ``value`` and return its compact JSON text; raise SerializationError.
+
+    Every message starts "cannot serialize value": FastMCP's ``Context.set_state`` looks for
+    "serialize" in a ValueError to tell the user about ``serializable=False``.
+    """
+    if type(value) is not dict:
+        if not isinstance(value, Mapping):
+            raise SerializationError(f"cannot serialize value: not a Mapping with str keys but {type(value).__name__}")
+        value = dict(value)
+    try:
+        return _encode_fast(value)
+    except (_NotPlainJSON, orjson.JSONEncodeError):
+        return _encode_stdlib(value)
+
+
 def encode_values(values: Sequence[Mapping[str, Any]]) -> list[str]:
     """Encode every value (validating all before any is written)."""
     return [encode_value(value) for value in values]
 
 
+_DIGITS = bytes.maketrans(b"0123456789", b"0000000000")
+_LONG_NUMBER = b"0" * 19
+"""19 digits in a row: orjson reads an integer beyond 64 bits as a float, json.loads as an int."""
+
+_PROBE_BYTES = 1024
+_BYTES_PER_QUOTE = 16
+"""Longer text whose first KB has fewer quotes than one per this many bytes is mostly long
+strings: scanning its bytes for long integers would cost more than looking at what it holds."""
+
+_LONG_FLOAT = float(2**63)
+"""orjson reads an integer beyond 64 bits as a float at least this large (json.loads as an int)."""
+
+
+def _holds_long_float(value: Any) -> bool:
+    """Whether ``value`` holds a float of magnitude 2**63 or more (it may have been a long integer)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        for item in node.values() if type(node) is dict else node:
+            kind = type(item)
+            if kind is float:
+                if abs(item) >= _LONG_FLOAT:
+                    return True
+            elif kind is dict or kind is list:
+                stack.append(item)
+    return False
+
+
+def _decode_fast(text: str | bytes) -> Any:
+    """orjson's reading of ``text``, or None where json.loads must read it."""
+    if isinstance(text, str):
+        try:
+            data = text.encode()
+        except UnicodeEncodeError:  # lone surrogates: orjson refuses them, json.loads reads them
+            return None
+    elif isinstance(text, bytes):
+        data = text
+    else:
+        return None
+    sparse = len(data) > _PROBE_BYTES and data.count(b'"', 0, _PROBE_BYTES) * _BYTES_PER_QUOTE < _PROBE_BYTES
+    if not sparse and data.translate(_DIGITS).find(_LONG_NUMBER) >= 0:
+        return None
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:  # json.loads explains it (or reads what orjson refuses, like 1e400)
+        return None
+    if sparse and type(value) is dict and _holds_long_float(value):
+        return None
+    return value
+
+
 def decode_value(text: str | bytes, key: str) -> dict[str, Any]:
     """Decode stored JSON text (str or UTF-8 bytes) for ``key``; raise DeserializationError unless it is an object."""
-    try:
-        value = _decode(text if isinstance(text, str) else text.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:
-        raise DeserializationError(f"stored value for key {_describe(key)} is not valid JSON: {exc}") from exc
+    value = _decode_fast(text)
+    if value is None:
+        try:
+            value = _decode(text if isinstance(text, str) else text.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:
+            raise DeserializationError(f"stored value for key {_describe(key)} is not valid JSON: {exc}") from exc
     if type(value) is not dict:
         raise DeserializationError(f"stored value for key {_describe(key)} is a {type(value).__name__}, not an object")
     return value

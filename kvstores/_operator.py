@@ -1,4 +1,4 @@
-"""The operator's commands of ``kvstores``: ls, get, put, delete, copy and ping.
+"""The operator's commands of ``kvstores``: ls, get, put, delete, copy, ping, keygen and rekey.
 
 Each takes a TARGET as ``kvstores check`` does (a store URL or ``package.module:factory``,
 resolved once by :mod:`kvstores.targets`), so any ``key_value.aio`` store with
@@ -11,6 +11,10 @@ missing extra or bad arguments, exit 1 for a failed operation, an absent key or 
 ``copy`` runs the engine of :mod:`kvstores._copy` and always ends with one summary line,
 also when it fails or is interrupted (Ctrl-C: exit 130); the count is of acknowledged writes,
 so after an interrupt the writes in flight may have landed too.
+
+Every command opens its stores with the keys of ``$KVSTORES_ENCRYPTION_KEYS`` (encryption at
+rest, :mod:`kvstores._sealing`); ``keygen`` prints a new key and ``rekey`` re-seals a store's
+entries under the first key (:mod:`kvstores._rekey`).
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from kvstores._copy import CHUNK, Copy, Progress
+from kvstores._rekey import Rekey
+from kvstores._sealing import generate_key
 from kvstores._urls import redact, redact_text
-from kvstores.base import chunks
-from kvstores.registry import URL_VARIABLE, open_store
+from kvstores.base import BaseStore, chunks
+from kvstores.registry import ENCRYPTION_KEYS_VARIABLE, URL_VARIABLE, open_store
 from kvstores.targets import TargetError, close, is_url, resolve
 
 __all__ = ["COMMANDS", "add_parsers", "run"]
@@ -313,6 +319,37 @@ async def _copy(options: argparse.Namespace) -> int:
     return 1 if copy.tally.failures else 0
 
 
+# -- keygen, rekey --------------------------------------------------------------------
+
+
+async def _keygen(options: argparse.Namespace) -> int:
+    print(generate_key())
+    return 0
+
+
+async def _rekey(options: argparse.Namespace) -> int:
+    (spec,) = _split(options.arguments, ("TARGET",))
+    if not os.environ.get(ENCRYPTION_KEYS_VARIABLE, "").strip():
+        raise _Failed(f"${ENCRYPTION_KEYS_VARIABLE} is not set: it names the keys, the first one seals", 2)
+    store = await _open(spec, reading=True)
+    if not isinstance(store, BaseStore) or store._sealer is None:
+        await close(store)
+        raise _Failed(f"{redact(spec)}: not a kvstores store opened with encryption keys", 2)
+    rekey = Rekey(store)
+    progress = _progress()
+    try:
+        _require(store, "collections", spec, "so kvstores rekey cannot list its entries")
+        for name in sorted(await store.collections()):
+            await rekey.collection(name, progress)
+    finally:
+        progress.stop()
+        await close(store)
+        for failure in rekey.failures[:_FAILURES_SHOWN]:
+            print(f"kvstores rekey: not re-sealed: {redact_text(failure, spec)}", file=sys.stderr)
+        print(rekey.summary(store._sealer.key_id), flush=True)
+    return 1 if rekey.failures else 0
+
+
 # -- the command line -----------------------------------------------------------------
 
 
@@ -321,6 +358,25 @@ def _line(exc: BaseException) -> str:
         return str(exc)
     text = " ".join(str(exc).split()) or "(no message)"
     return f"{type(exc).__name__}: {text}"
+
+
+async def _tasks(options: argparse.Namespace) -> int:
+    from kvstores.tasks._cli import tasks
+
+    if options.target and options.task is None and not _looks_like_target(options.target):
+        options.task, options.target = options.target, None  # TARGET left out: $KVSTORES_URL
+    spec = options.target or _from_environment("TARGET")
+    store = await _open(spec, reading=True)
+    try:
+        return await tasks(options, store)
+    finally:
+        await close(store)
+
+
+async def _worker(options: argparse.Namespace) -> int:
+    from kvstores.tasks._cli import worker
+
+    return await worker(options)
 
 
 @dataclass(frozen=True)
@@ -385,6 +441,41 @@ COMMANDS: dict[str, _Command] = {
         "\nnames of the largest collection plus one chunk of 1,000 values. Prints one summary line;"
         "\neach entry DEST rejects is reported on stderr, and any failure exits 1.",
     ),
+    "keygen": _Command(
+        _keygen,
+        "print a new encryption key (URL-safe base64 of 32 random bytes) for $KVSTORES_ENCRYPTION_KEYS",
+        "  KVSTORES_ENCRYPTION_KEYS=$(kvstores keygen) kvstores put sqlite:///state.db tokens app '{...}'",
+    ),
+    "rekey": _Command(
+        _rekey,
+        "seal every entry of a store (plaintext ones included) under the first key of $KVSTORES_ENCRYPTION_KEYS",
+        "  KVSTORES_ENCRYPTION_KEYS=NEWKEY,OLDKEY kvstores rekey postgresql://db/app",
+        _TARGETS.format(names="TARGET")
+        + _FROM_ENVIRONMENT.format(name="TARGET")
+        + "\n\nEach entry keeps its TTL; a write made meanwhile is never overwritten. Run it again after"
+        "\nan interruption: what was re-sealed is skipped. An entry no given key opens is reported and"
+        "\nexits 1; keys and collection names stay plaintext.",
+    ),
+    "tasks": _Command(
+        _tasks,
+        "list, show or cancel the background tasks (kvstores.tasks) kept on a store",
+        "  kvstores tasks ls postgresql://db/app\n"
+        "  kvstores tasks show postgresql://db/app '#0123456789ab'\n"
+        "  kvstores tasks cancel postgresql://db/app '#0123456789ab'",
+        _TARGETS.format(names="TARGET")
+        + "\n\nTasks are named by label (# and 12 hex digits of the id's SHA-256; the id also works). ls"
+        "\nprints state, age, tool, the worker holding the lease and attempts; show adds the principal,"
+        "\nthe lease's time left, the status message and error. Arguments, results, the caller's token"
+        "\nand headers and input answers are never printed. cancel ends a non-terminal task at once.",
+    ),
+    "worker": _Command(
+        _worker,
+        "run the background tasks of a FastMCP app with StoreTasks, serving no HTTP (extra workers)",
+        "  kvstores worker myapp.server:mcp\n  kvstores worker myapp.server:mcp --concurrency 32",
+        "APP is module:attribute, the FastMCP server (mcp.add_extension(StoreTasks(store))); its store"
+        "\nis the one the workers serve. Stop it with SIGTERM or Ctrl-C: its running tasks run again"
+        "\nelsewhere after their lease.",
+    ),
 }
 """Each operator command: what runs it, its one-line help, its examples and notes for ``--help``."""
 
@@ -423,6 +514,15 @@ def add_parsers(commands: Any) -> None:
     copy.add_argument("--collection", action="append", metavar="NAME", help="copy only this collection (repeatable)")
     copy.add_argument("--no-overwrite", action="store_true", help="keep entries DEST already has")
     copy.add_argument("--dry-run", action="store_true", help="read and count, write nothing")
+    parsers["rekey"].add_argument("arguments", nargs="*", metavar="[TARGET]", help="TARGET defaults to $KVSTORES_URL")
+    tasks = parsers["tasks"]
+    tasks.add_argument("action", choices=("ls", "show", "cancel"))
+    tasks.add_argument("target", nargs="?", metavar="TARGET", help="TARGET defaults to $KVSTORES_URL")
+    tasks.add_argument("task", nargs="?", metavar="TASK", help="a task's label (or id): show and cancel")
+    tasks.add_argument("--json", action="store_true", help="print JSON")
+    worker = parsers["worker"]
+    worker.add_argument("app", metavar="APP", help="module:attribute of the FastMCP server")
+    worker.add_argument("--concurrency", type=int, default=None, metavar="N", help="tasks run at once")
 
 
 def _count(text: str) -> int:

@@ -2,7 +2,7 @@
 
 Every public store call is a CLIENT span named ``"<operation> <collection>"`` with the
 database semantic conventions' attributes: ``db.system.name`` (redis, sqlite, mongodb,
-postgresql, memory), ``db.operation.name`` (the kvstores method), ``db.collection.name``,
+postgresql, mysql, memory), ``db.operation.name`` (the kvstores method), ``db.collection.name``,
 ``db.operation.batch.size`` (bulk calls of two or more keys), ``server.address`` and
 ``server.port`` where there is a server, and on failure an ERROR status with ``error.type``
 (the exception's class name). Keys, values and credentials are never recorded. Spans nest
@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sized
-from contextlib import AbstractContextManager
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sized
+from contextlib import AbstractContextManager, contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeVar
 
-__all__ = ["SHAPE", "Observer", "active", "metrics", "observed", "record_batch", "trace", "traced"]
+__all__ = ["SHAPE", "Observer", "active", "metrics", "observed", "record_batch", "span", "trace", "traced"]
 
 _MAX_COLLECTION = 256  # characters of a collection name kept in attributes
 # OpenTelemetry's recommended buckets for db.client.operation.duration
@@ -49,21 +49,23 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 
 _instruments: tuple[Any, Any, Any] | None = None  # (tracer, duration histogram, batch histogram)
 
+_API_MODULES = ("opentelemetry.trace", "opentelemetry.metrics")
+"""Where the API defines its placeholder providers; an SDK's (or a vendor's) live elsewhere."""
+
 
 def active() -> bool:
     """True once an OpenTelemetry SDK is installed: then store calls are traced and measured.
 
-    Reads the API's own globals (set by ``set_*_provider``) rather than calling
-    ``get_*_provider()``, which looks up the environment on every call.
-    ``get_*_provider()`` is called once at import so that providers named by environment
-    variables are loaded.
+    A provider counts once it is not one of the API's own placeholders (its proxies and no-op
+    providers, all defined in ``opentelemetry.trace`` and ``opentelemetry.metrics``); asking for
+    them loads the providers that ``OTEL_PYTHON_*_PROVIDER`` names. Called when a store decides
+    whether to trace itself and per coalesced batch, never per call.
     """
-    return trace is not None and (trace._TRACER_PROVIDER is not None or metrics._internal._METER_PROVIDER is not None)
+    return trace is not None and (_installed(trace.get_tracer_provider()) or _installed(metrics.get_meter_provider()))
 
 
-if trace is not None:  # load providers named by OTEL_PYTHON_TRACER_PROVIDER / ..._METER_PROVIDER
-    trace.get_tracer_provider()
-    metrics.get_meter_provider()
+def _installed(provider: object) -> bool:
+    return not type(provider).__module__.startswith(_API_MODULES)
 
 
 def _get_instruments() -> tuple[Any, Any, Any]:
@@ -91,6 +93,30 @@ def record_batch(system: str, operation: str, size: int) -> None:
     """Record that one coalesced bulk call carried ``size`` calls (a no-op until an SDK is installed)."""
     if active():
         _get_instruments()[2].record(size, {"db.system.name": system, "db.operation.name": operation})
+
+
+@contextmanager
+def span(name: str, attributes: Mapping[str, Any]) -> Iterator[Any]:
+    """An INTERNAL span named ``name`` around a block (kvstores.tasks: submit, run, finish), under the
+    caller's current span; nothing until an SDK is installed. An exception leaves its class name in
+    ``error.type`` and an ERROR status (never its message: it may quote a value)."""
+    if not active():
+        yield None
+        return
+    tracer = _get_instruments()[0]
+    with tracer.start_as_current_span(
+        name,
+        kind=SpanKind.INTERNAL,
+        attributes=dict(attributes),
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as current:
+        try:
+            yield current
+        except BaseException as exc:
+            current.set_attribute("error.type", type(exc).__name__)
+            current.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
 
 
 class Observer:

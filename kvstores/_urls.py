@@ -29,7 +29,7 @@ from contextlib import suppress
 from typing import Any
 from urllib.parse import parse_qsl, unquote, unquote_plus, urlencode, urlsplit
 
-__all__ = ["MASK", "flag", "redact", "redact_text", "split_url_options"]
+__all__ = ["MASK", "check_user_info", "flag", "redact", "redact_text", "split_url_options"]
 
 MASK = "***"
 """What a secret is replaced with."""
@@ -81,6 +81,28 @@ def _user_info(url: str) -> tuple[str, str, str]:
     if end < 0:
         return url, "", ""
     return scheme + separator, rest[:end], rest[end:]
+
+
+def check_user_info(url: str) -> None:
+    """Refuse ``url`` when its password holds an unescaped ``/``, ``?`` or ``#``.
+
+    A URL parser (every driver's) ends the host part at the first of them, reads the start of
+    the password as a host and a port, and its errors then carry that part of the password
+    ("Port could not be cast to integer value as 'Mm4q'"). The ``ValueError`` raised here names
+    the URL redacted, and nothing of the password. A user info whose text before the delimiter
+    reads as ``host:port`` (digits) is taken as a host, so that ``redis://host:6379/0?name=a@b``
+    stays valid.
+    """
+    _, user_info, _ = _user_info(url)
+    cut = min((i for i in map(user_info.find, "/?#") if i >= 0), default=-1)
+    if cut < 0:
+        return
+    _, colon, port = user_info[:cut].rpartition(":")
+    if colon and not port.isdigit():
+        raise ValueError(
+            f"{redact(url)!r}: the password holds an unescaped '/', '?' or '#'; "
+            "percent-encode it (urllib.parse.quote(password, safe=''))"
+        )
 
 
 def _masked_options(text: str) -> str:

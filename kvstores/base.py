@@ -31,13 +31,14 @@ import functools
 import os
 import random
 import warnings
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Self, SupportsFloat, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self, SupportsFloat, TypeVar
 
 from kvstores import _telemetry
 from kvstores._batching import Coalescer
 from kvstores._codec import (
+    MAX_VALUE_BYTES,
     check_collection,
     check_key,
     check_keys,
@@ -46,9 +47,21 @@ from kvstores._codec import (
     encode_value,
     encode_values,
 )
+from kvstores._sealing import Sealer, is_sealed, sealed_key_id
 from kvstores._telemetry import observed
-from kvstores._urls import flag, split_url_options
-from kvstores.errors import ConflictError, KVStoreError, StoreClosedError
+from kvstores._urls import check_user_info, flag, split_url_options
+from kvstores.errors import (
+    ConflictError,
+    DeserializationError,
+    EncryptionKeyError,
+    KVStoreError,
+    StoreClosedError,
+    ValueTooLargeError,
+)
+from kvstores.loop import release_with_loop
+
+if TYPE_CHECKING:
+    from kvstores.signals import SignalChannel, Sink, Transport
 
 __all__ = [
     "BATCHING_VARIABLE",
@@ -57,8 +70,8 @@ __all__ = [
     "UPDATE_ATTEMPTS",
     "BaseStore",
     "Stored",
+    "by_collection",
     "chunks",
-    "release_with_loop",
     "translated",
 ]
 
@@ -88,56 +101,18 @@ def _entry_size(entry: Entry) -> int:
     return len(entry[2])
 
 
+def by_collection(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """The keys of (collection, key) ``pairs`` by collection, in the order they come."""
+    keys_by_collection: dict[str, list[str]] = {}
+    for collection, key in pairs:
+        keys_by_collection.setdefault(collection, []).append(key)
+    return keys_by_collection
+
+
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     """``items`` in consecutive slices of at most ``size``."""
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-_RECANCEL_SECONDS = 0.1
-"""How often :class:`deadline` cancels again while the block it bounds has not left."""
-
-
-class deadline:
-    """``async with deadline(seconds)``: ``asyncio.timeout`` that a driver cannot outlast.
-
-    ``asyncio.timeout`` cancels once. On Python 3.11 ``asyncio.wait_for`` swallows a cancel that
-    arrives as its awaitable completes (fixed in 3.12), and drivers call it inside their connect
-    and read paths (asyncmy's connect, for one), so a call could run on past its timeout: through
-    a half-open handshake that was the server's connect_timeout, 10 s. This one cancels at the
-    deadline and again every 0.1 s until the block leaves, then raises ``TimeoutError`` as
-    ``asyncio.timeout`` does; a cancel from outside still propagates as ``CancelledError``.
-    """
-
-    __slots__ = ("_cancelling", "_handle", "_issued", "_seconds", "_task")
-
-    def __init__(self, seconds: float) -> None:
-        """Bound the block to ``seconds``."""
-        self._seconds = seconds
-        self._issued = 0
-
-    async def __aenter__(self) -> None:
-        task = asyncio.current_task()
-        assert task is not None, "deadline is used inside a task"
-        self._task = task
-        self._cancelling = task.cancelling()
-        self._handle = asyncio.get_running_loop().call_later(self._seconds, self._expire)
-
-    def _expire(self) -> None:
-        self._issued += 1
-        self._task.cancel()
-        self._handle = asyncio.get_running_loop().call_later(_RECANCEL_SECONDS, self._expire)
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self._handle.cancel()
-        if self._issued:
-            remaining = self._task.cancelling()
-            for _ in range(self._issued):  # ours, delivered or swallowed: withdraw them all
-                remaining = self._task.uncancel()
-            if exc_type is asyncio.CancelledError and remaining <= self._cancelling:
-                raise TimeoutError from exc
 
 
 _PRIMITIVES = frozenset(
@@ -206,30 +181,6 @@ def translated(translate: Callable[[Exception], KVStoreError | None]) -> Iterato
         raise error from exc
 
 
-async def _at_loop_end(release: Callable[[], Awaitable[None]]) -> AsyncGenerator[None, None]:
-    """Suspended until the event loop finalizes it, then runs ``release``.
-
-    asyncio finalizes the async generators still suspended as ``asyncio.run`` (or a Runner)
-    ends, while the loop still runs (and any it finds unreachable before): that is where what
-    nobody closed lets go of its connections, so the process can exit at once.
-    """
-    try:
-        yield
-    finally:
-        await release()
-
-
-async def release_with_loop(release: Callable[[], Awaitable[None]]) -> AsyncGenerator[None, None]:
-    """Have the running loop run ``release`` as it shuts down; return the guard that arranges it.
-
-    The caller keeps the guard (one nobody holds is finalized at once) and may ``aclose()`` it
-    itself, which runs ``release`` then: so ``release`` must be idempotent.
-    """
-    guard = _at_loop_end(release)
-    await anext(guard)
-    return guard
-
-
 def _check_limit(limit: int | None) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
@@ -245,6 +196,7 @@ class BaseStore(abc.ABC):
     _closed = False
     _telemetry_decided = False
     _loop_guard: AsyncGenerator[None, None] | None = None
+    _signal_channel: SignalChannel | None = None  # set by kvstores.signals.channel(); aclose() closes it
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Wrap the backend's primitives in its error translation, once, as the class is made."""
@@ -262,11 +214,25 @@ class BaseStore(abc.ABC):
     batching_default: ClassVar[bool] = True
     """Whether the backend coalesces concurrent calls unless told otherwise (kvstores._batching)."""
 
-    def __init__(self, *, default_collection: str = DEFAULT_COLLECTION, batching: bool | None = None) -> None:
+    connections: int = 10
+    """How many calls the backend carries at once (its pool's size; 10 is asyncpg's and asyncmy's
+    default pool): with more than one, a batch of coalesced calls flies beside the call in flight
+    instead of waiting for it (kvstores._batching). Backends set it from their pool options."""
+
+    def __init__(
+        self,
+        *,
+        default_collection: str = DEFAULT_COLLECTION,
+        batching: bool | None = None,
+        encryption_keys: Sequence[str] | None = None,
+    ) -> None:
         """``batching``: coalesce concurrent single-key gets and puts into bulk calls (kvstores._batching);
-        None means the backend's :attr:`batching_default`, unless ``KVSTORES_BATCHING`` says off."""
+        None means the backend's :attr:`batching_default`, unless ``KVSTORES_BATCHING`` says off.
+        ``encryption_keys``: seal every value at rest under the first key, open those sealed under any
+        (kvstores._sealing; the ``encryption`` extra); None stores values as plaintext JSON."""
         check_collection(default_collection)
         self.default_collection = default_collection
+        self._sealer = None if encryption_keys is None else Sealer(encryption_keys)
         if batching is None:
             batching = self.batching_default and flag(os.environ.get(BATCHING_VARIABLE, "on"))
         self.batching = batching
@@ -276,12 +242,17 @@ class BaseStore(abc.ABC):
         if batching:
             system = self.db_system
             self._reads = Coalescer(
-                self._get_pair, self._read_batch, on_batch=lambda size: _telemetry.record_batch(system, "get", size)
+                self._get_pair,
+                self._read_batch,
+                capacity=lambda: self.connections,
+                on_batch=lambda size: _telemetry.record_batch(system, "get", size),
             )
             self._writes = Coalescer(
                 self._put_entry,
                 self._write_batch,
                 size=_entry_size,
+                key=lambda entry: entry[:2],  # puts of one (collection, key) keep their order
+                capacity=lambda: self.connections,
                 on_batch=lambda size: _telemetry.record_batch(system, "put", size),
             )
 
@@ -289,6 +260,7 @@ class BaseStore(abc.ABC):
     def from_url(cls, url: str, **options: Any) -> Self:
         """Open a store on ``url``: the class's :attr:`url_options` are taken out of its query and
         converted, ``options`` override them, and the rest of the URL goes to :meth:`_from_parsed_url`."""
+        check_user_info(url)
         rest, query = split_url_options(url, cls.url_options)
         return cls._from_parsed_url(rest, **{**query, **options})
 
@@ -302,7 +274,10 @@ class BaseStore(abc.ABC):
     def _observer(self) -> _telemetry.Observer:
         """Traces and measures this store's calls (made on first use, once OpenTelemetry is active)."""
         attributes: dict[str, Any] = {"db.system.name": self.db_system}
-        server = self._server_address()
+        try:
+            server = self._server_address()
+        except ValueError:  # a URL only its driver reads (several hosts): no single address to name
+            server = None
         if server is not None:
             attributes["server.address"], attributes["server.port"] = server
         return _telemetry.Observer(attributes)
@@ -337,7 +312,10 @@ class BaseStore(abc.ABC):
         """
         if self._closed:
             return
-        self._closed = True
+        self._closed = True  # first: a transport's reader stops even where a cancellation was swallowed
+        channel, self._signal_channel = self._signal_channel, None
+        if channel is not None:  # its reader and tasks end now, on this loop, before the connections go
+            await channel.aclose()
         for coalescer in (self._reads, self._writes):
             if coalescer is not None:
                 coalescer.close(self._closed_error)
@@ -408,7 +386,7 @@ class BaseStore(abc.ABC):
         check_key(key)
         reads = self._reads
         text = await (self._get(name, key) if reads is None else reads((name, key)))
-        return None if text is None else decode_value(text, key)
+        return None if text is None else self._decoded(text, name, key)
 
     @observed("key")
     async def ttl(self, key: str, *, collection: str | None = None) -> tuple[dict[str, Any] | None, float | None]:
@@ -416,7 +394,7 @@ class BaseStore(abc.ABC):
         name = self._collection(collection)
         check_key(key)
         text, remaining = await self._ttl(name, key)
-        return (None, None) if text is None else (decode_value(text, key), remaining)
+        return (None, None) if text is None else (self._decoded(text, name, key), remaining)
 
     @observed("key")
     async def put(
@@ -431,7 +409,7 @@ class BaseStore(abc.ABC):
         name = self._collection(collection)
         check_key(key)
         seconds = None if ttl is None else check_ttl(ttl)
-        text = encode_value(value)
+        text = self._sealed(encode_value(value), name, key)
         writes = self._writes
         await (self._put(name, key, text, seconds) if writes is None else writes((name, key, text, seconds)))
 
@@ -450,7 +428,7 @@ class BaseStore(abc.ABC):
         if not keys:
             return []
         texts = await self._get_many(name, keys)
-        return [None if text is None else decode_value(text, key) for key, text in zip(keys, texts)]
+        return [None if text is None else self._decoded(text, name, key) for key, text in zip(keys, texts)]
 
     @observed("keys")
     async def ttl_many(
@@ -463,7 +441,7 @@ class BaseStore(abc.ABC):
             return []
         rows = await self._ttl_many(name, keys)
         return [
-            (None, None) if text is None else (decode_value(text, key), remaining)
+            (None, None) if text is None else (self._decoded(text, name, key), remaining)
             for key, (text, remaining) in zip(keys, rows)
         ]
 
@@ -485,6 +463,8 @@ class BaseStore(abc.ABC):
         texts = encode_values(values)
         if keys:
             latest = dict(zip(keys, texts))  # duplicate keys: the last value wins
+            if self._sealer is not None:
+                latest = {key: self._sealed(text, name, key) for key, text in latest.items()}
             await self._put_many(name, list(latest), list(latest.values()), seconds)
 
     @observed("keys")
@@ -555,7 +535,7 @@ class BaseStore(abc.ABC):
         name = self._collection(collection)
         check_key(key)
         seconds = None if ttl is None else check_ttl(ttl)
-        return await self._swap(name, key, None, encode_value(value), seconds)
+        return await self._swap(name, key, None, self._sealed(encode_value(value), name, key), seconds)
 
     @observed("key")
     async def pop(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
@@ -563,7 +543,7 @@ class BaseStore(abc.ABC):
         name = self._collection(collection)
         check_key(key)
         text = await self._pop(name, key)
-        return None if text is None else decode_value(text, key)
+        return None if text is None else self._decoded(text, name, key)
 
     @observed("key")
     async def update(
@@ -585,14 +565,62 @@ class BaseStore(abc.ABC):
         seconds = None if ttl is None else check_ttl(ttl)
         for attempt in range(UPDATE_ATTEMPTS):
             stored = await self._get(name, key)
-            new = fn(None if stored is None else decode_value(stored, key))
+            new = fn(None if stored is None else self._decoded(stored, name, key))
             if new is None and stored is None:
                 return None  # nothing to delete: the entry was absent when read
             text = None if new is None else encode_value(new)
-            if await self._swap(name, key, stored, text, seconds):
+            sealed = None if text is None else self._sealed(text, name, key)
+            if await self._swap(name, key, stored, sealed, seconds):
                 return None if text is None else decode_value(text, key)
             await asyncio.sleep(random.uniform(0, min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt)))
         raise ConflictError(f"update of key {key!r} lost {UPDATE_ATTEMPTS} races to concurrent writers; giving up")
+
+    # -- encryption at rest (kvstores._sealing) -----------------------------------------
+
+    def _sealed(self, text: str, collection: str, key: str) -> str:
+        """``text`` as the backend stores it: sealed when the store has encryption keys."""
+        if self._sealer is None:
+            return text
+        sealed = self._sealer.seal(text, collection, key)
+        if len(sealed) > MAX_VALUE_BYTES:
+            raise ValueTooLargeError(
+                f"cannot serialize value: sealed, it takes {len(sealed)} bytes; the limit is {MAX_VALUE_BYTES}"
+            )
+        return sealed
+
+    def _decoded(self, stored: Stored, collection: str, key: str) -> dict[str, Any]:
+        """The value of ``stored`` (opened first when sealed); EncryptionKeyError when it cannot be opened."""
+        if self._sealer is not None:
+            return decode_value(self._sealer.open(stored, collection, key), key)
+        try:
+            return decode_value(stored, key)
+        except DeserializationError:
+            if not is_sealed(stored):  # looked at only when the text is not JSON: free on every good read
+                raise
+        raise EncryptionKeyError(
+            f"stored value for key {key[:100]!r} is sealed with key id {sealed_key_id(stored)!r}; "
+            f"this store has no encryption keys"
+        )
+
+    async def _reseal(self, collection: str, key: str) -> bool:
+        """Seal ``key``'s entry under the first encryption key, keeping its TTL; True when rewritten.
+
+        A compare-and-set against the text read: a write that lands meanwhile is never
+        overwritten (the entry is read again). EncryptionKeyError when it cannot be opened.
+        """
+        sealer = self._sealer
+        if sealer is None:
+            raise ValueError("re-sealing needs a store opened with encryption_keys")
+        for _ in range(UPDATE_ATTEMPTS):
+            stored, remaining = await self._ttl(collection, key)
+            if stored is None or not sealer.needs_resealing(stored):
+                return False
+            opened = sealer.open(stored, collection, key)
+            text = opened if isinstance(opened, str) else opened.decode("utf-8")
+            decode_value(text, key)  # stored plaintext that is not a value is reported, not sealed
+            if await self._swap(collection, key, stored, self._sealed(text, collection, key), remaining):
+                return True
+        raise ConflictError(f"re-sealing key {key!r} lost {UPDATE_ATTEMPTS} races to concurrent writers; giving up")
 
     # -- primitives: names validated, values encoded ---------------------------------
 
@@ -659,6 +687,15 @@ class BaseStore(abc.ABC):
         """
         return None
 
+    def _signal_transport(self, sink: Sink) -> Transport | None:
+        """The transport of this store's signal channel (:mod:`kvstores.signals`), made for ``sink``.
+
+        None (the default): the backend has none, and a channel on it raises TypeError. A
+        backend returns its :class:`kvstores.signals.Transport` (importing it here, so that a
+        store that never signals never imports it), handing it what it needs as arguments.
+        """
+        return None
+
     async def _close(self) -> None:  # noqa: B027 - optional hook: most backends have something to release
         """Release backend resources (called once, by ``aclose``)."""
 
@@ -703,9 +740,7 @@ class BaseStore(abc.ABC):
         Backends override it to read every collection in one round trip; this default reads
         the collections concurrently, one ``_get_many`` each.
         """
-        keys_by_collection: dict[str, list[str]] = {}
-        for collection, key in pairs:
-            keys_by_collection.setdefault(collection, []).append(key)
+        keys_by_collection = by_collection(pairs)
         found: dict[tuple[str, str], Stored | None] = {}
         replies = await asyncio.gather(*(self._get_many(c, keys) for c, keys in keys_by_collection.items()))
         for (collection, keys), texts in zip(keys_by_collection.items(), replies):

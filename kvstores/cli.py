@@ -10,7 +10,9 @@ isolation, expiry and persistence across a server restart (see kvstores.demo); w
 suite through pytest against TARGET (a store URL such as ``sqlite:///scratch.db``, or
 ``package.module:factory``) and prints, per group of checks, what passed, each failed check
 with why and the capability it needs, and what was skipped and why. It exits 0 only if
-nothing failed, 2 when the target or an extra is missing. The target's data is destroyed by
+nothing failed, 2 when the target or an extra is missing. A factory may return any object
+whose methods attribute access finds, on its class or through ``__getattr__``
+(:func:`kvstores.implements`, the same on every Python). The target's data is destroyed by
 the checks: use a scratch database.
 
 ``kvstores ping [TARGET]`` is a readiness probe: it exits 0 when the store (TARGET, or
@@ -39,6 +41,7 @@ SUITES: dict[str, tuple[tuple[str, str], ...]] = {
     "kv": (("pytest", "check"), ("anyio", "check")),
     "events": (("pytest", "check"), ("anyio", "check"), ("mcp", "mcp")),
     "fastmcp": (("pytest", "check"), ("anyio", "check"), ("fastmcp", "fastmcp")),
+    "tasks": (("pytest", "check"), ("anyio", "check"), ("fastmcp", "fastmcp")),
 }
 """Each suite ``kvstores check`` runs, and the (package, extra) pairs it needs."""
 

@@ -18,10 +18,10 @@ import hashlib
 import json
 import math
 import time
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from kvstores._optional import missing_extra
-from kvstores.protocol import AsyncKeyValue, DestroyCollectionStore, EnumerateKeysStore
+from kvstores.protocol import AsyncKeyValue, DestroyCollectionStore, EnumerateKeysStore, implements
 
 try:
     from mcp.client.caching import CacheEntry, CacheKey
@@ -79,7 +79,7 @@ class StoreResponseCacheStore:
     """
 
     def __init__(self, store: AsyncKeyValue, *, collection: str = DEFAULT_RESPONSE_CACHE_COLLECTION) -> None:
-        if not isinstance(store, (DestroyCollectionStore, EnumerateKeysStore)):
+        if not (implements(store, DestroyCollectionStore) or implements(store, EnumerateKeysStore)):
             raise TypeError(
                 f"a response cache store needs destroy_collection() or keys() for clear(); "
                 f"{type(store).__name__} has neither"
@@ -121,11 +121,11 @@ class StoreResponseCacheStore:
 
     async def clear(self) -> None:
         """Forget every entry of this cache's collection, and nothing outside it."""
-        if isinstance(self.store, DestroyCollectionStore):
-            await self.store.destroy_collection(self.collection)
+        if implements(self.store, DestroyCollectionStore):
+            await cast(DestroyCollectionStore, self.store).destroy_collection(self.collection)
             return
-        assert isinstance(self.store, EnumerateKeysStore)  # checked in __init__
-        await self.store.delete_many(await self.store.keys(self.collection), collection=self.collection)
+        keys = await cast(EnumerateKeysStore, self.store).keys(self.collection)  # checked in __init__
+        await self.store.delete_many(keys, collection=self.collection)
 
 
 def _read_entry(stored: dict[str, Any]) -> CacheEntry | None:

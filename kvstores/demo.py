@@ -11,7 +11,9 @@ The last scene runs three real server processes (``python -m kvstores._demo_serv
 serving :func:`kvstores.sessions.http_app` on the same store, on free loopback ports): a
 streaming call on the first whose stream is cut mid-call resumes on the third, which follows
 it to its result; a handshake session opened on the first continues, state and all, on the
-second once the first is killed, and is refused after the client closes it.
+second once the first is killed, and is refused after the client closes it. Then two fresh
+server processes run a background task (``kvstores.tasks``): submitted through one, known to the
+other at once; the server running it is killed, and the task finishes on the other.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ try:
     from fastmcp.exceptions import ToolError
     from key_value.aio.wrappers.ttl_clamp import TTLClampWrapper
     from mcp.shared.exceptions import MCPError
+
+    from kvstores._demo_server import TASK_LEASE, TASK_RESCAN
+    from kvstores.tasks import TaskClient
+    from kvstores.tasks._engine import label
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("fastmcp", "fastmcp") from exc
 
@@ -182,11 +188,7 @@ async def _after_restart(demo: _Demo, session_id: str) -> None:
 
 async def _durable_session(demo: _Demo) -> None:
     print("\n[servers A and B] durable sessions: a handshake session moves to another process (kvstores.sessions)")
-    if _in_process(demo.url):
-        demo.step(f"skipped: {demo.label} lives inside one process, so two server processes cannot share it")
-        return
-    if importlib.util.find_spec("uvicorn") is None:
-        demo.step("skipped: uvicorn is not installed (it comes with fastmcp)")
+    if not _can_run_processes(demo):
         return
     demo.step(f"three uvicorn processes serve kvstores.sessions.http_app on {demo.label}:")
     async with _server_processes(demo.url, "A", "B", "C") as (a, b, c):
@@ -220,6 +222,52 @@ async def _durable_session(demo: _Demo) -> None:
         refused = await _post_in_session(b.url, session_id)
         demo.step(f"server B: a request in session {session_id} -> {refused.status_code} {_error_message(refused)}")
         demo.check(refused.status_code == 404, "a closed session is refused: its id cannot be used again")
+
+
+async def _task_moves(demo: _Demo) -> None:
+    print("\n[servers A and B] background tasks: a task whose server is killed finishes on another (kvstores.tasks)")
+    if not _can_run_processes(demo):
+        return
+    async with _server_processes(demo.url, "A", "B") as servers, TaskClient(servers[0].url) as via_a:
+        demo.step(f"two fresh uvicorn processes, A and B, serve the same tools and run task workers on {demo.label}")
+        task_id = await via_a.submit("write_report", {"seconds": 2.0})
+        demo.step(f"server A: the client calls write_report(seconds=2) as a background task -> task {label(task_id)}")
+        async with TaskClient(servers[1].url) as via_b:
+            known = (await via_b.get(task_id))["status"]
+        demo.check(known == "working", f"server B knows the task at once, from the store: {known}")
+        task = await via_a.wait(task_id, until=("working",), within=10)
+        while not task.get("statusMessage"):
+            task = await via_a.get(task_id)
+            await asyncio.sleep(0.05)
+        runner = next(server for server in servers if task["statusMessage"].endswith(f"server {server.name}"))
+        other = next(server for server in servers if server is not runner)
+        demo.step(f"server {other.name} answers tasks/get: {task['statusMessage']!r}")
+        runner.kill()
+        started = time.monotonic()
+        demo.step(
+            f"server {runner.name} is killed mid-task; its lease ({TASK_LEASE:g} s here, 10 s by default) runs out "
+            f"and a rescan ({TASK_RESCAN:g} s) hands the task to server {other.name}'s worker"
+        )
+        async with TaskClient(other.url) as survivor:
+            result = await survivor.result(task_id, within=30)
+        text = result["content"][0]["text"]
+        demo.step(f"server {other.name}: the task completed after {time.monotonic() - started:.1f} s -> {text!r}")
+        demo.check(
+            text == f"report written by server {other.name}",
+            f"the task server {runner.name} was running when it died ran again on server {other.name}, "
+            "and the client got its result",
+        )
+
+
+def _can_run_processes(demo: _Demo) -> bool:
+    """Whether server processes can share the demo's store (it says why not otherwise)."""
+    if _in_process(demo.url):
+        demo.step(f"skipped: {demo.label} lives inside one process, so two server processes cannot share it")
+        return False
+    if importlib.util.find_spec("uvicorn") is None:
+        demo.step("skipped: uvicorn is not installed (it comes with fastmcp)")
+        return False
+    return True
 
 
 _COUNT = 6
@@ -436,6 +484,7 @@ async def _run(url: str) -> int:
         session_id = await _explicit_session(demo)
         await _after_restart(demo, session_id)
         await _durable_session(demo)
+        await _task_moves(demo)
     except (KVStoreError, ToolError) as exc:
         print(f"\ndemo stopped: the store failed: {exc}")
         return 1

@@ -10,6 +10,7 @@ written against plain Python exceptions keeps working::
     ├── SerializationError       (ValueError)  value is not storable JSON
     │   └── ValueTooLargeError                 encoded value above the size limit
     ├── DeserializationError                   stored data cannot be decoded
+    │   └── EncryptionKeyError                 sealed with a key the store lacks, or altered
     ├── StoreConnectionError     (ConnectionError)  backend unreachable or timed out
     ├── StoreClosedError                       the store was closed
     └── ConflictError                          an atomic update kept losing races and gave up
@@ -40,6 +41,7 @@ except ImportError:  # py-key-value is optional: without it the tree stands alon
 __all__ = [
     "ConflictError",
     "DeserializationError",
+    "EncryptionKeyError",
     "InvalidKeyError",
     "InvalidTTLError",
     "KVStoreError",
@@ -80,6 +82,10 @@ class ValueTooLargeError(SerializationError, *_also("ValueTooLargeError")):  # t
 
 class DeserializationError(KVStoreError, *_also("DeserializationError")):  # type: ignore[misc]
     """Stored data could not be decoded back into a dict."""
+
+
+class EncryptionKeyError(DeserializationError):
+    """A sealed value names a key id the store was not given, or does not open (altered or moved)."""
 
 
 class StoreConnectionError(KVStoreError, ConnectionError, *_also("StoreConnectionError")):  # type: ignore[misc]

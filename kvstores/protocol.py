@@ -4,12 +4,20 @@ The signatures are exactly those of ``key_value.aio.protocols.AsyncKeyValue`` so
 kvstores store is accepted wherever that protocol is (FastMCP, py-key-value adapters).
 Semantics every implementation must keep are in the README and checked by
 :mod:`kvstores.conformance`.
+
+What counts as implementing a protocol is decided by :func:`implements`, the same way on every
+supported Python: each method of the protocol is found by attribute access, whether the class
+defines it or forwards it through ``__getattr__`` (an instrumented or proxying wrapper).
+``isinstance()`` against these protocols is not that check: since Python 3.12 it looks members
+up statically and does not see ``__getattr__``, so it refuses such wrappers that 3.11 accepted.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, SupportsFloat, runtime_checkable
+from typing import Any, Generic, Protocol, SupportsFloat, runtime_checkable
 
 __all__ = [
     "CAPABILITIES",
@@ -22,6 +30,9 @@ __all__ = [
     "EnumerateKeysStore",
     "LifecycleStore",
     "capabilities",
+    "implements",
+    "missing_methods",
+    "protocol_methods",
 ]
 
 
@@ -206,4 +217,40 @@ def capabilities(store: object) -> frozenset[str]:
     ``kvstores check`` derive which groups to run from it. Every :class:`kvstores.BaseStore`
     implements them all.
     """
-    return frozenset(name for name, protocol in CAPABILITIES.items() if isinstance(store, protocol))
+    return frozenset(name for name, protocol in CAPABILITIES.items() if implements(store, protocol))
+
+
+@functools.cache
+def protocol_methods(protocol: type) -> tuple[str, ...]:
+    """The names of the methods ``protocol`` asks for, in the order it declares them."""
+    return tuple(
+        name
+        for base in reversed(protocol.__mro__)
+        if base not in (object, Generic, Protocol)
+        for name, value in vars(base).items()
+        # only what the class body wrote: typing adds __init__ and __subclasshook__ of its own
+        if inspect.isfunction(value) and value.__qualname__ == f"{base.__qualname__}.{name}"
+    )
+
+
+def missing_methods(store: object, protocol: type) -> tuple[str, ...]:
+    """The methods of ``protocol`` that ``store`` lacks (empty when it implements the protocol).
+
+    A method counts when attribute access finds something callable under its name: on the class
+    or through ``__getattr__``. Special methods (``__aenter__``, ``__aexit__``) count only on the
+    class, where ``async with`` looks them up.
+    """
+    return tuple(
+        name
+        for name in protocol_methods(protocol)
+        if not callable(getattr(type(store) if name.startswith("__") else store, name, None))
+    )
+
+
+def implements(store: object, protocol: type) -> bool:
+    """True if ``store`` has every method of ``protocol`` (:func:`missing_methods`), on every Python.
+
+    Use it rather than ``isinstance(store, protocol)``, which since Python 3.12 does not see
+    methods a wrapper forwards through ``__getattr__``.
+    """
+    return not missing_methods(store, protocol)

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from kvstores._urls import redact
 from kvstores.base import BaseStore
 
-__all__ = ["ENTRY_POINT_GROUP", "SCHEMES", "URL_VARIABLE", "open_store"]
+__all__ = ["ENCRYPTION_KEYS_VARIABLE", "ENTRY_POINT_GROUP", "SCHEMES", "URL_VARIABLE", "open_store"]
 
 URL_VARIABLE = "KVSTORES_URL"
 """Environment variable :func:`open_store` reads when it is given no URL."""
@@ -54,13 +54,18 @@ def _target(scheme: str) -> str:
     )
 
 
+ENCRYPTION_KEYS_VARIABLE = "KVSTORES_ENCRYPTION_KEYS"
+"""Comma-separated encryption keys (the first seals) that ``open_store`` uses when given none."""
+
+
 def open_store(url: str | None = None, **options: Any) -> BaseStore:
     """Return an (unconnected) store for ``url``; ``options`` go to the store's constructor.
 
     Examples: ``memory://``, ``sqlite:///state.db``, ``redis://localhost:6379/0``,
     ``mongodb://localhost:27017/kvstores``. Without ``url``, the URL is read from the
     ``KVSTORES_URL`` environment variable, so a deployment switches backends without a
-    code change.
+    code change. Likewise, without an ``encryption_keys`` option, the keys are read from
+    ``KVSTORES_ENCRYPTION_KEYS`` (comma-separated, the first seals) when it is set.
     """
     if url is None:
         url = os.environ.get(URL_VARIABLE)
@@ -71,4 +76,7 @@ def open_store(url: str | None = None, **options: Any) -> BaseStore:
         raise ValueError(f"{redact(url)!r} is not a store URL (expected e.g. memory://, sqlite:///file.db)")
     module_name, _, class_name = _target(scheme).partition(":")
     store_class: type[BaseStore] = getattr(importlib.import_module(module_name), class_name)
+    keys = os.environ.get(ENCRYPTION_KEYS_VARIABLE, "")
+    if "encryption_keys" not in options and keys.strip():
+        options["encryption_keys"] = [key.strip() for key in keys.split(",") if key.strip()]
     return store_class.from_url(url, **options)

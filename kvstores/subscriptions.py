@@ -92,6 +92,7 @@ class StoreSubscriptionBus:
     """
 
     def __init__(self, store: Any, *, channel: str = CHANNEL) -> None:
+        self._store = store  # the channel holds it weakly; StoreSubscriptionBus(open_store(url)) must keep it
         self._signals = signals.channel(store)
         self._channel = channel
         self._origin = secrets.token_hex(8)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstores._urls import redact, redact_text
-from kvstores.protocol import AsyncKeyValue, capabilities
+from kvstores.protocol import AsyncKeyValue, capabilities, missing_methods
 from kvstores.registry import open_store
 
 __all__ = ["Target", "TargetError", "close", "is_url", "resolve"]
@@ -118,7 +118,8 @@ async def resolve(spec: str, *, event_stores: bool = False) -> Target:
 
 
 def _kind(made: object, event_stores: bool) -> str:
-    if isinstance(made, AsyncKeyValue):
+    lacks = missing_methods(made, AsyncKeyValue)
+    if not lacks:
         return "store"
     if event_stores:
         from mcp.server.streamable_http import EventStore
@@ -126,4 +127,8 @@ def _kind(made: object, event_stores: bool) -> str:
         if isinstance(made, EventStore):
             return "event_store"
     wanted = "an AsyncKeyValue store or an MCP EventStore" if event_stores else "an AsyncKeyValue store"
-    raise TargetError(f"the factory returned a {type(made).__module__}.{type(made).__qualname__}, not {wanted}")
+    raise TargetError(
+        f"the factory returned a {type(made).__module__}.{type(made).__qualname__}, not {wanted}: "
+        f"it has no {', '.join(f'{name}()' for name in lacks)} (a store's methods may be defined on "
+        f"its class or forwarded through __getattr__)"
+    )

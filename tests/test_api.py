@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import inspect
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from key_value.aio.protocols import AsyncKeyValue as PyKeyValueProtocol
 
 import kvstores
 from kvstores import _codec, errors
+from kvstores.protocol import CAPABILITIES, missing_methods
+from kvstores.sessions import SessionRegistry
 
 PUBLIC = [
     "AsyncKeyValue",
@@ -20,6 +24,7 @@ PUBLIC = [
     "DeserializationError",
     "DestroyCollectionStore",
     "DestroyStore",
+    "EncryptionKeyError",
     "EnumerateCollectionsStore",
     "EnumerateKeysStore",
     "InvalidKeyError",
@@ -36,6 +41,7 @@ PUBLIC = [
     "StoreConnectionError",
     "ValueTooLargeError",
     "capabilities",
+    "implements",
     "open_store",
 ]
 
@@ -93,3 +99,63 @@ def test_errors_say_what_was_wrong_and_the_limit(call: object, message: str) -> 
     with pytest.raises(ValueError) as caught:
         call()  # type: ignore[operator]
     assert message in str(caught.value)
+
+
+class Forwarding:
+    """An instrumented wrapper: it counts calls and forwards every attribute through ``__getattr__``."""
+
+    def __init__(self, store: object, *, hiding: frozenset[str] = frozenset()) -> None:
+        self.store = store
+        self.hiding = hiding
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.hiding:
+            raise AttributeError(name)
+        method = getattr(self.store, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return await method(*args, **kwargs)
+
+        return call
+
+
+class ForwardingWithLifecycle(Forwarding):
+    """The same wrapper with ``async with`` (special methods are looked up on the class, never forwarded)."""
+
+    async def __aenter__(self) -> ForwardingWithLifecycle:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_forwarding_wrapper_is_a_store_on_every_python() -> None:
+    """What __getattr__ forwards counts as implemented (isinstance() stopped seeing it in Python 3.12)."""
+    wrapper = Forwarding(kvstores.MemoryStore())
+    assert kvstores.implements(wrapper, kvstores.AsyncKeyValue)
+    assert kvstores.implements(wrapper, kvstores.AtomicStore)
+    assert kvstores.capabilities(wrapper) == set(CAPABILITIES) - {"lifecycle"}
+    with pytest.raises(TypeError):  # Python finds no __aenter__ either: the capability is truly absent
+        async with wrapper:  # type: ignore[attr-defined]
+            pass
+    async with ForwardingWithLifecycle(kvstores.MemoryStore()) as store:
+        assert kvstores.capabilities(store) == set(CAPABILITIES)
+        assert await store.put_if_absent("k", {"v": 1}) is True
+        assert store.calls == ["put_if_absent"]
+
+    registry = SessionRegistry(wrapper)  # type: ignore[arg-type]  # durable sessions accept it
+    assert registry.store is wrapper
+    assert registry.refresh_interval > 0
+
+
+def test_what_a_store_lacks_is_named() -> None:
+    hiding_atomic = Forwarding(kvstores.MemoryStore(), hiding=frozenset({"pop", "update"}))
+    assert kvstores.implements(hiding_atomic, kvstores.AsyncKeyValue)
+    assert missing_methods(hiding_atomic, kvstores.AtomicStore) == ("pop", "update")
+    assert "atomic" not in kvstores.capabilities(hiding_atomic)
+    assert missing_methods(SimpleNamespace(get="not callable"), kvstores.AsyncKeyValue)[:2] == ("get", "ttl")
+    with pytest.raises(TypeError, match=r"Forwarding has no pop\(\), update\(\)"):
+        SessionRegistry(hiding_atomic)  # type: ignore[arg-type]

@@ -97,6 +97,56 @@ async def test_a_cancelled_caller_leaves_the_others_intact() -> None:
     assert await coalescer("after") == "AFTER"  # idle again: a lone call goes out alone
 
 
+class Flights(Recorder):
+    """A Recorder that logs when each flight takes off and lands, and the most ever out at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[str] = []
+        self.out = self.most = 0
+
+    async def one(self, item: str) -> str:
+        return (await self.many([item]))[0]
+
+    async def many(self, items: Sequence[str]) -> list[str]:
+        self.out += 1
+        self.most = max(self.most, self.out)
+        self.log.append(f"off {' '.join(items)}")
+        try:
+            return await super().many(items)
+        finally:
+            self.out -= 1
+            self.log.append(f"landed {' '.join(items)}")
+
+
+async def test_a_burst_within_capacity_flies_beside_the_first_call() -> None:
+    flights = Flights()
+    coalescer = Coalescer(flights.one, flights.many, capacity=lambda: 10)
+    items = [f"k{i}" for i in range(8)]
+    assert await asyncio.gather(*(coalescer(item) for item in items)) == [item.upper() for item in items]
+    assert flights.batches == [["k0"], items[1:]]  # one alone, the rest together: two flights ...
+    assert flights.most == 2  # ... side by side, so the burst costs one round trip
+
+
+@pytest.mark.parametrize(("capacity", "most"), [(1, 1), (10, 2)])
+async def test_one_batch_flies_at_a_time_and_only_beside_a_spare_connection(capacity: int, most: int) -> None:
+    flights = Flights()
+    coalescer = Coalescer(flights.one, flights.many, capacity=lambda: capacity, max_items=5)
+    items = [f"k{i:02}" for i in range(40)]
+    await asyncio.gather(*(coalescer(item) for item in items))
+    assert flights.most == most  # the lone call, and one batch beside it when there is a second connection
+    assert [item for batch in flights.batches for item in batch] == items  # FIFO: nobody overtakes
+
+
+async def test_calls_on_one_key_never_fly_at_once() -> None:
+    flights = Flights()
+    coalescer = Coalescer(flights.one, flights.many, key=lambda item: item[0], capacity=lambda: 10)
+    await asyncio.gather(coalescer("a1"), coalescer("a2"), coalescer("b1"), coalescer("a3"))
+    # b1 flies beside a1 at once; a2 and a3 wait for a1 to land, then go together, in order
+    assert flights.log.index("landed a1") < flights.log.index("off a2 a3")
+    assert flights.batches == [["a1"], ["b1"], ["a2", "a3"]]
+
+
 def test_memory_does_not_batch() -> None:
     assert MemoryStore().batching is False
 
@@ -244,15 +294,26 @@ async def test_a_cancelled_call_may_still_land(batching: Backend, namespace: str
     its caller saw CancelledError."""
     store = await batching.open(namespace)
     try:
+        taken = asyncio.Event()
+        put_entries = store._put_entries
+
+        async def batch_in_flight(entries: Any) -> None:
+            taken.set()
+            await put_entries(entries)
+
+        store._put_entries = batch_in_flight
         in_flight = asyncio.ensure_future(store.put("in-flight", {}))
         await asyncio.sleep(0)
-        early = asyncio.ensure_future(store.put("k", {"by": "cancelled"}))  # queued behind in_flight
-        await asyncio.sleep(0)
-        await in_flight  # the queued write is taken into the next batch, which is now in flight
+        early = asyncio.ensure_future(store.put("k", {"by": "cancelled"}))  # queued: in_flight is out
+        await asyncio.wait_for(taken.wait(), 10)  # the queued write was taken into a batch, now in flight
         early.cancel()
         with pytest.raises(asyncio.CancelledError):
             await early
-        await store.put("after", {})  # queued behind the batch in flight: returns once it has landed
+        await in_flight
+        for _ in range(200):  # the batch lands on its own (beside other flights, nothing waits for it)
+            if await store.get("k") is not None:
+                break
+            await asyncio.sleep(0.01)
         assert await store.get("k") == {"by": "cancelled"}
     finally:
         await store.destroy()

@@ -66,6 +66,15 @@ def test_missing_capabilities_are_skipped_not_failed(tmp_path: Path) -> None:
     assert outcomes == {"passed", "skipped"}
 
 
+def test_the_tasks_suite_runs_and_a_core_only_store_skips_it() -> None:
+    result = kvstores("check", "memory://", "--suite", "tasks")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "6 passed, 0 failed, 1 skipped" in result.stdout
+    bare = kvstores("check", f"{TARGETS}:core_only", "--suite", "tasks")
+    assert bare.returncode == 0, bare.stdout + bare.stderr
+    assert "the store has no put_if_absent()" in bare.stdout and "FAILED" not in bare.stdout
+
+
 def test_verbose_keeps_pytest_output() -> None:
     result = kvstores("check", "memory://", "-v")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -80,7 +89,12 @@ def test_verbose_keeps_pytest_output() -> None:
         ("broken_module:make", "cannot import 'broken_module': ZeroDivisionError: division by zero"),
         (f"{TARGETS}:missing", f"'{TARGETS}:missing' names nothing, not a factory"),
         (f"{TARGETS}:raising", f"the factory {TARGETS}:raising raised: RuntimeError: no database configured"),
-        (f"{TARGETS}:not_a_store", "the factory returned a builtins.dict, not an AsyncKeyValue store"),
+        (
+            f"{TARGETS}:not_a_store",
+            "the factory returned a builtins.dict, not an AsyncKeyValue store: it has no ttl(), put(), delete(), "
+            "get_many(), ttl_many(), put_many(), delete_many() (a store's methods may be defined on its class or "
+            "forwarded through __getattr__)",
+        ),
         ("just-a-word", "is neither a store URL"),
         ("nosuch://x", "cannot open nosuch://x: ValueError: no kvstores backend for URL scheme 'nosuch'"),
         ("redis://127.0.0.1:1/0", "cannot reach the store of redis://127.0.0.1:1/0: StoreConnectionError"),
@@ -97,7 +111,12 @@ def test_a_bad_target_is_one_line_and_exit_2(target: str, says: str, tmp_path: P
 
 @pytest.mark.parametrize(
     ("suite", "blocked", "extra"),
-    [("fastmcp", "fastmcp", "fastmcp"), ("events", "mcp", "mcp"), ("kv", "pytest", "check")],
+    [
+        ("fastmcp", "fastmcp", "fastmcp"),
+        ("tasks", "fastmcp", "fastmcp"),
+        ("events", "mcp", "mcp"),
+        ("kv", "pytest", "check"),
+    ],
 )
 def test_a_missing_extra_is_one_line_and_exit_2(suite: str, blocked: str, extra: str) -> None:
     result = kvstores("check", "--suite", suite, "memory://", blocked=blocked)

@@ -1,4 +1,4 @@
-"""kvstores.base.deadline: the PostgreSQL and MySQL stores' per-call bound holds even when a driver
+"""kvstores.loop.deadline: the PostgreSQL and MySQL stores' per-call bound holds even when a driver
 swallows a cancel (Python 3.11's ``asyncio.wait_for`` does, when its awaitable completes as the
 cancel arrives: asyncmy's connect ran on through a half-open handshake for the server's 10 s)."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kvstores.base import deadline
+from kvstores.loop import deadline
 
 pytestmark = pytest.mark.anyio
 
@@ -50,9 +50,16 @@ async def test_a_block_that_finishes_after_swallowing_returns_and_leaves_no_canc
 
 
 async def test_a_block_within_its_time_is_untouched() -> None:
-    async with deadline(5):
+    """It runs to its end, and its timer dies with it: nothing cancels the task after the block."""
+    steps = []
+    async with deadline(0.1):
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0.01)
+        steps.append("block")
+    await asyncio.sleep(0.3)  # past the deadline: a timer left running would cancel this sleep
+    steps.append("after")
+    task = asyncio.current_task()
+    assert steps == ["block", "after"]
+    assert task is not None and task.cancelling() == 0
 
 
 async def test_a_cancel_from_outside_stays_a_cancel() -> None:

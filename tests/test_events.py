@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from mcp.server.streamable_http import EventStore
 
+from kvstores.backends.memory import MemoryStore
 from kvstores.conformance.events import EventStoreConformance, notification, replay
 from kvstores.events import (
     DEFAULT_MAX_STREAMS,
@@ -130,6 +131,30 @@ async def test_store_append_and_replay_are_one_round_trip_each(store: Any) -> No
     stream_id, sent = await replay(events, first)
     assert (stream_id, len(sent.events)) == ("s", 60)
     assert counted.calls == {"get_many": 1}
+
+
+async def test_store_over_memory_replays_every_event_from_its_own_memory() -> None:
+    """Over ``memory://`` the events are in this process anyway: a replay decodes nothing again."""
+    reads = 0
+
+    class CountingMemoryStore(MemoryStore):
+        async def get_many(self, keys: Any, *, collection: str | None = None) -> list[dict[str, Any] | None]:
+            nonlocal reads
+            reads += 1
+            return await super().get_many(keys, collection=collection)
+
+    events = StoreEventStore(CountingMemoryStore())
+    first = await events.store_event("s", notification(0))
+    for i in range(1, 100):
+        await events.store_event("s", notification(i))
+    stream_id, sent = await replay(events, first)
+    assert (stream_id, len(sent.events), reads) == ("s", 99, 0)
+    bounded = StoreEventStore(CountingMemoryStore(), cache_events_per_stream=32)
+    first = await bounded.store_event("s", notification(0))
+    for i in range(1, 100):
+        await bounded.store_event("s", notification(i))
+    stream_id, sent = await replay(bounded, first)
+    assert (stream_id, len(sent.events), reads) == ("s", 99, 1)
 
 
 async def test_store_keeps_a_bounded_ring_per_stream(store: Any) -> None:

@@ -95,13 +95,18 @@ def test_demo_with_the_default_store(
         "ok: the same session continued on server B",
         "ok: the state set on server A was read back on server B",
         "ok: a closed session is refused",
+        "ok: server B knows the task at once, from the store: working",
+        "and the client got its result",
         "all steps showed what they should",
     ]:
         assert shown in output
     assert "UNEXPECTED" not in output
     assert output.count("server restarted") == 3
     # one session id throughout: opened on A, continued on B, refused on B after the DELETE
-    scene = output[output.index("[servers A and B]") :]
+    scene, _, tasks = output[output.index("[servers A and B]") :].partition("background tasks:")
+    # the task ran again on the server that was not killed, and its result names that server
+    killed, survivor = re.findall(r"server (\w) is killed mid-task; .* to server (\w)'s worker", tasks)[0]
+    assert killed != survivor and f"-> 'report written by server {survivor}'" in tasks, tasks
     session_ids = re.findall(r"session ([0-9a-f]{32})", scene)
     assert len(session_ids) == 3 and len(set(session_ids)) == 1, scene
     assert f"a request in session {session_ids[0]} -> 404" in scene

@@ -24,14 +24,14 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pytest
 
 from kvstores import open_store
 from kvstores.errors import StoreConnectionError
 from tests.support import Backend
-from tests.support.faults import FaultProxy, through
+from tests.support.faults import FaultProxy, direct_connection, through
 from tests.support.fixtures import rows, rows_with
 
 pytestmark = pytest.mark.anyio
@@ -203,15 +203,12 @@ class Target:
     proxy: FaultProxy
     store: Any
     direct: Any
+    proxied_url: str
+    options: dict[str, Any]
 
-
-def _direct_connection(url: str) -> str:
-    """For MongoDB, ``directConnection=true``: the proxy's address is the only one pymongo may use."""
-    if not url.startswith("mongodb"):
-        return url
-    parts = urlsplit(url)
-    query = [*parse_qsl(parts.query), ("directConnection", "true")]
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    def open(self, timeout: float) -> Any:
+        """Another store through the proxy, with its own ``timeout`` (the caller closes it)."""
+        return open_store(self.proxied_url, timeout=timeout, **self.options)
 
 
 @pytest.fixture
@@ -220,10 +217,11 @@ async def target(backend: Backend, namespace: str) -> AsyncIterator[Target]:
     proxy = FaultProxy(urlsplit(url).port or 0)
     proxy.start()
     try:
-        store = open_store(_direct_connection(through(url, proxy)), timeout=TIMEOUT, **options)
+        proxied_url = direct_connection(through(url, proxy))
+        store = open_store(proxied_url, timeout=TIMEOUT, **options)
         direct = open_store(url, **options)
         try:
-            yield Target(backend, proxy, store, direct)
+            yield Target(backend, proxy, store, direct, proxied_url, options)
         finally:
             proxy.heal()
             await store.aclose()
@@ -248,22 +246,32 @@ async def assert_recovers(store: Any) -> float:
     raise AssertionError("the store never recovered")
 
 
+SPIKE_TIMEOUT = 4 * TIMEOUT
+"""The timeout of the latency-spike test's store: the slowest call through the spike is two round
+trips (0.21 s here), but a 2-core machine running the suite's 4 workers has stalled a process for
+most of a second (3 calls of a CI run timed out at 1.13 s against a 1 s timeout)."""
+
+
 @networked
 async def test_latency_spike_slows_calls_that_still_succeed(target: Target) -> None:
-    load = Load(target.store)
-    await load.run(0.5)
-    # +100 ms per round trip, well below the timeout even for a transaction (3 round trips)
-    # queued behind another (+200 ms each way was within 10 ms of it on a loaded machine)
-    target.proxy.latency(0.05)
-    spike = time.monotonic()
-    await load.run(2.5)
-    target.proxy.heal()
-    slow = [call.seconds for call in load.calls if call.started >= spike]
-    assert not load.problems, load.problems
-    assert not load.failures(), f"{len(load.failures())} calls failed: {load.errors}"
-    assert slow and min(slow) >= 0.09, "the latency was not applied"
-    await load.verify(target.store, target.backend.atomic_put_many)
-    await load.verify(target.direct, target.backend.atomic_put_many)
+    store = target.open(SPIKE_TIMEOUT)
+    try:
+        load = Load(store)
+        await load.run(0.5)
+        # +100 ms per round trip, well below the timeout even for a transaction (3 round trips)
+        # queued behind another
+        target.proxy.latency(0.05)
+        spike = time.monotonic()
+        await load.run(2.5)
+        target.proxy.heal()
+        slow = [call.seconds for call in load.calls if call.started >= spike]
+        assert not load.problems, load.problems
+        assert not load.failures(), f"{len(load.failures())} calls failed: {load.errors}"
+        assert slow and min(slow) >= 0.09, "the latency was not applied"
+        await load.verify(store, target.backend.atomic_put_many)
+        await load.verify(target.direct, target.backend.atomic_put_many)
+    finally:
+        await store.aclose()
 
 
 @networked
@@ -291,6 +299,26 @@ async def test_blackhole_fails_fast_then_the_same_store_recovers(target: Target)
     assert not load.failures(since=settled), f"calls failed {recovered:.1f} s after the heal: {load.errors}"
     await load.verify(target.store, target.backend.atomic_put_many)
     await load.verify(target.direct, target.backend.atomic_put_many)
+
+
+@networked
+async def test_first_use_in_an_outage_fails_every_call_within_the_timeout(target: Target) -> None:
+    """Regression: on MongoDB each call waiting for the first use's index creation made its own
+    attempt after the one it waited for failed, so the last of N concurrent calls failed after N
+    timeouts (a batch of puts queued behind another call took 3.01 s against the 3.0 s bound)."""
+    target.proxy.blackhole()
+    names = [["a", "b"]] * WORKERS  # bulk calls: each its own round trip, none coalesced with another
+
+    async def first_use(keys: list[str]) -> float:
+        started = time.monotonic()
+        with pytest.raises(StoreConnectionError):
+            await target.store.get_many(keys)
+        return time.monotonic() - started
+
+    took = await asyncio.gather(*(first_use(keys) for keys in names))
+    assert max(took) <= TIMEOUT + MARGIN, f"calls took {sorted(round(seconds, 2) for seconds in took)} s to fail"
+    target.proxy.heal()
+    await assert_recovers(target.store)
 
 
 @networked

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import pytest
 
@@ -53,26 +52,13 @@ def one_line_error(result: subprocess.CompletedProcess[str], command: str) -> st
     return lines[0]
 
 
-def url_of(backend: Backend, namespace: str) -> str:
-    """A URL opening the row's store on ``namespace`` with no constructor options (they go in the query)."""
-    url, options = backend.url(namespace)
-    options = dict(options)
-    database = options.pop("database", None)
-    if database is not None and urlsplit(url).path in ("", "/"):
-        parts = urlsplit(url)
-        url = urlunsplit(parts._replace(path=f"/{database}"))
-    if not options:
-        return url  # as given: urlunsplit would turn sqlite:////abs.db into sqlite://abs.db
-    return url + ("&" if "?" in url else "?") + urlencode(options)
-
-
 def run(coroutine: Any) -> Any:
     """Run ``coroutine`` in a new event loop (these tests are sync: the CLI runs its own loop)."""
     return asyncio.run(coroutine)
 
 
 async def destroy(url: str) -> None:
-    async with open_store(url) as store:
+    async with open_store(url, timeout=60) as store:  # the clean-up waits out a loaded server (SecantusDB)
         await store.destroy()
 
 
@@ -86,7 +72,7 @@ def table(started: dict[str, Backend | str]) -> Iterator[Callable[[str, str], st
     urls: list[str] = []
 
     def url(name: str, namespace: str) -> str:
-        urls.append(url_of(start_row(name, started), namespace))
+        urls.append(start_row(name, started).full_url(namespace))
         return urls[-1]
 
     yield url

@@ -3,7 +3,9 @@
 An upgrade of the MCP SDK, FastMCP, OpenTelemetry or aiosqlite that drops or reshapes one of
 these fails here, naming it and the installed version, instead of failing a user at import or
 at the first request. The pyproject extras cap each package below its next minor release for
-this reason (CHANGELOG.md: Versioning); raise a cap only with this module passing.
+this reason (CHANGELOG.md: Versioning); raise a cap only with this module passing. The
+packages pyproject.toml caps are exactly those listed here (read from pyproject.toml, so a cap
+dropped or added without its names fails).
 
 To add a name: one row in :data:`NAMES`: (package, "module:object.path", attribute or
 parameter names, who uses it and why). An object path that ends in ``()`` is instantiated
@@ -14,11 +16,16 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
+import tomllib
 from dataclasses import dataclass
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,8 @@ NAMES: list[Upstream] = [
             "session_idle_timeout",
             "max_sessions",
         ),
-        "kvstores.sessions reads and fills the manager's session table to adopt a session",
+        "kvstores.sessions reads and fills the manager's session table to adopt a session, and its"
+        " close_sessions() terminates every transport in it on shutdown, as FastMCP's lifespan does",
     ),
     Upstream(
         "mcp",
@@ -97,8 +105,10 @@ NAMES: list[Upstream] = [
     Upstream(
         "mcp",
         "mcp.server.streamable_http:_transport()",
-        ("_event_store", "idle_scope", "mcp_session_id"),
-        "kvstores.sessions gives each transport a per-session event store and enters its idle scope",
+        ("_event_store", "idle_scope", "mcp_session_id", "_read_stream_writer"),
+        "kvstores.sessions gives each transport a per-session event store and enters its idle scope, and cancels"
+        " a request the event store gave up by writing the client's notifications/cancelled to the transport's"
+        " read stream",
     ),
     # -- kvstores.sessions: a copy of the SDK's serve loop for an adopted session -----------------
     Upstream(
@@ -112,6 +122,12 @@ NAMES: list[Upstream] = [
         "mcp.server.connection:Connection.for_loop",
         ("param=session_id", "param=protocol_version_hint"),
         "kvstores.sessions builds the adopted session's Connection as the SDK's serve loop does",
+    ),
+    Upstream(
+        "mcp",
+        "mcp.server.connection:_connection()",
+        ("initialized", "client_params"),
+        "kvstores.sessions sets an adopted session's client params and initialized event, the handshake done",
     ),
     Upstream(
         "mcp",
@@ -180,18 +196,55 @@ NAMES: list[Upstream] = [
         ("_STATE_TTL_SECONDS",),
         "kvstores.harness.FASTMCP_STATE_TTL mirrors the TTL FastMCP gives ctx state",
     ),
-    # -- kvstores._telemetry and kvstores.bench._otel: OpenTelemetry's provider globals ----------
+    # -- kvstores.tasks: the tasks extension's worker side (as fastmcp-tasks 4.1.4 reads them) -----
+    Upstream(
+        "fastmcp",
+        "fastmcp.server.dependencies",
+        ("_is_client_tool_call", "_background_task_headers", "_background_task_session_id", "extract_version_spec"),
+        "kvstores.tasks tells the client's own tools/call apart and restores the caller's headers and session id",
+    ),
+    Upstream(
+        "fastmcp",
+        "fastmcp:FastMCP()",
+        ("_extensions", "_mask_error_details"),
+        "kvstores.tasks.serve_worker finds StoreTasks on a server; the worker masks tool errors per its policy",
+    ),
+    Upstream(
+        "fastmcp",
+        "fastmcp.server.context:Context",
+        ("param=task_id", "param=origin_request_id", "input_responses", "request_state"),
+        "kvstores.tasks builds the worker's Context of a task",
+    ),
+    Upstream(
+        "fastmcp",
+        "fastmcp.server.context:_worker_context()",
+        ("_task_input_responses", "_task_request_state"),
+        "kvstores.tasks hands a re-entered task the client's answers and its carried request_state",
+    ),
+    Upstream(
+        "fastmcp",
+        "fastmcp.server.dependencies:Progress()",
+        ("_impl",),
+        "kvstores.tasks.StoreProgress hands FastMCP's Progress dependency a recorder that writes to the task",
+    ),
+    Upstream(
+        "mcp",
+        "mcp.server.auth.middleware.auth_context",
+        ("auth_context_var",),
+        "kvstores.tasks restores the caller's access token for get_access_token() in the worker",
+    ),
+    # -- kvstores.bench._otel: OpenTelemetry's provider globals ------------------------------------
     Upstream(
         "opentelemetry-api",
         "opentelemetry.trace",
         ("_TRACER_PROVIDER", "_TRACER_PROVIDER_SET_ONCE"),
-        "kvstores._telemetry.active() checks for an SDK once per call; the bench resets it",
+        "kvstores.bench._otel resets the tracer provider between its with- and without-SDK rows",
     ),
     Upstream(
         "opentelemetry-api",
         "opentelemetry.metrics._internal",
         ("_METER_PROVIDER", "_METER_PROVIDER_SET_ONCE"),
-        "kvstores._telemetry.active() checks for an SDK once per call; the bench resets it",
+        "kvstores.bench._otel resets the meter provider between its with- and without-SDK rows",
     ),
     Upstream(
         "opentelemetry-api",
@@ -203,8 +256,9 @@ NAMES: list[Upstream] = [
     Upstream(
         "aiosqlite",
         "aiosqlite:Connection",
-        ("_execute",),
-        "kvstores.backends.sqlite runs a whole unit of work on the connection's thread in one hop",
+        ("_execute", "_conn"),
+        "kvstores.backends.sqlite runs a whole unit of work on the connection's thread in one hop"
+        " (a write through the public calls takes a hop per statement and a lock around the transaction)",
     ),
     Upstream(
         "aiosqlite",
@@ -228,7 +282,26 @@ def _transport() -> Any:
     return StreamableHTTPServerTransport(mcp_session_id="0123456789abcdef")
 
 
-_FACTORIES = {"_manager()": _manager, "_transport()": _transport}
+def _connection() -> Any:
+    from mcp.server.connection import Connection
+    from mcp_types.version import LATEST_HANDSHAKE_VERSION
+
+    return Connection.from_envelope(LATEST_HANDSHAKE_VERSION, None, None)
+
+
+def _worker_context() -> Any:
+    from fastmcp import FastMCP
+    from fastmcp.server.context import Context
+
+    return Context(FastMCP("canary"), task_id="t")
+
+
+_FACTORIES = {
+    "_worker_context()": _worker_context,
+    "_manager()": _manager,
+    "_transport()": _transport,
+    "_connection()": _connection,
+}
 
 
 def _resolve(target: str) -> Any:
@@ -276,6 +349,36 @@ def test_upstream_name_is_there(row: Upstream) -> None:
     )
 
 
+PYPROJECT = Path(__file__).parent.parent / "pyproject.toml"
+
+_UPPER_BOUNDS = frozenset({"<", "<=", "~="})
+
+
+def capped_extras(pyproject: str) -> set[str]:
+    """The packages that an extra of ``pyproject`` (its text) bounds from above."""
+    extras = tomllib.loads(pyproject)["project"]["optional-dependencies"]
+    return {
+        canonicalize_name(requirement.name)
+        for requirements in extras.values()
+        for requirement in map(Requirement, requirements)
+        if any(specifier.operator in _UPPER_BOUNDS for specifier in requirement.specifier)
+    }
+
+
+def _checked_packages() -> set[str]:
+    return {canonicalize_name(row.package) for row in NAMES}
+
+
 def test_every_capped_extra_is_checked_here() -> None:
-    """The extras capped for private names are exactly the packages this module checks."""
-    assert {row.package for row in NAMES} == {"mcp", "fastmcp", "opentelemetry-api", "aiosqlite"}
+    """The extras pyproject.toml caps for private names are exactly the packages this module checks."""
+    assert capped_extras(PYPROJECT.read_text()) == _checked_packages()
+
+
+@pytest.mark.parametrize("package", sorted({row.package for row in NAMES}))
+def test_the_check_fails_when_a_cap_is_removed(package: str) -> None:
+    """pyproject.toml without ``package``'s cap no longer passes the completeness check above."""
+    text = PYPROJECT.read_text()
+    uncapped = re.sub(rf'"{re.escape(package)}([^",<]*),<[^"]*"', rf'"{package}\1"', text)
+    assert uncapped != text, f"pyproject.toml has no cap on {package} to remove"
+    assert package not in capped_extras(uncapped)
+    assert capped_extras(uncapped) != _checked_packages()

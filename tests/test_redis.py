@@ -349,3 +349,25 @@ async def test_nothing_listening() -> None:
         await expect_unreachable(store, within=1)
     finally:
         await store.aclose()
+
+
+@cluster
+async def test_a_cluster_store_closed_after_a_timeout_leaves_no_socket_open(
+    backend: RedisBackend, namespace: str
+) -> None:
+    """redis-py's RedisCluster.aclose() closes nothing while a timeout has it marked for re-initialization."""
+    import gc
+    import warnings
+
+    url, options = backend.url(namespace)
+    store = open_store(url, **{**options, "timeout": 0.2})
+    await store.put("k", {"v": 1})
+    with pytest.raises(redis_errors.TimeoutError):
+        await store.client.blpop([f"{namespace}{{k}}list"], timeout=2)  # outlasts the socket timeout
+    assert store.client._initialize, "redis-py no longer marks a timed-out cluster client: this test checks nothing"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        await store.aclose()
+        del store
+        gc.collect()
+    assert [str(warning.message) for warning in caught if warning.category is ResourceWarning] == []

@@ -5,20 +5,58 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from kvstores import MemoryStore, open_store
-from kvstores.backends.sqlite import SQLiteStore
 from kvstores.registry import ENTRY_POINT_GROUP, SCHEMES
+from tests.support import BACKENDS, Backend, marker
+from tests.support.fixtures import rows, start_row
 
 
-def test_builtin_schemes() -> None:
-    assert isinstance(open_store("memory://"), MemoryStore)
-    assert isinstance(open_store("sqlite:///x.db"), SQLiteStore)
+def _class_path(store: object) -> str:
+    return f"{type(store).__module__}:{type(store).__qualname__}"
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_every_scheme_opens_the_class_it_names(scheme: str, tmp_path: Path) -> None:
+    # SQLite's URLs name a file; every other backend's a host (stores connect lazily: none is reached)
+    url = f"{scheme}:///{tmp_path}/x.db" if SCHEMES[scheme] == SCHEMES["sqlite"] else f"{scheme}://127.0.0.1/db"
+    assert _class_path(open_store(url)) == SCHEMES[scheme]
+
+
+def test_options_reach_the_constructor() -> None:
     assert open_store("sqlite://:memory:", timeout=1.5)._timeout == 1.5  # type: ignore[attr-defined]
-    assert {"memory", "sqlite", "redis", "rediss", "unix", "redis+cluster", "mongodb", "mongodb+srv"} <= set(SCHEMES)
+
+
+def test_every_builtin_backend_has_a_row_in_the_test_table() -> None:
+    """The table's markers name the backend modules, so a backend the registry opens is tested."""
+    modules = {path.partition(":")[0].rpartition(".")[2] for path in SCHEMES.values()}
+    assert modules == {marker(name) for name in BACKENDS}
+
+
+def test_the_package_metadata_names_every_backend() -> None:
+    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]
+    for module in {path.partition(":")[0].rpartition(".")[2] for path in SCHEMES.values()}:
+        assert module in project["keywords"]
+        assert module.lower() in project["description"].lower()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", rows())
+async def test_every_row_of_the_table_opens_by_its_url(
+    name: str, namespace: str, started: dict[str, Backend | str]
+) -> None:
+    """The URL each row's tests use opens, through the registry, the class its scheme names."""
+    url, options = start_row(name, started).url(namespace)
+    store = open_store(url, **options)
+    try:
+        assert _class_path(store) == SCHEMES[urlsplit(url).scheme]
+    finally:
+        await store.aclose()
 
 
 def test_unknown_scheme_says_what_to_do() -> None:

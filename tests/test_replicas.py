@@ -23,6 +23,8 @@ row. One cluster runs at a time.
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import statistics
 import threading
 import time
@@ -42,9 +44,9 @@ from fastmcp.client.transports import StreamableHttpTransport
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from kvstores.events import LEASE_TTL, STOPPED_MESSAGE
+from kvstores.events import LEASE_TTL, STOPPED_MESSAGE, UNSETTLED_MESSAGE
 from tests.support import Backend, Unavailable, marker
-from tests.support.events import PROTOCOL_VERSION, RawSession
+from tests.support.events import PROTOCOL_VERSION, RawSession, sse_events
 from tests.support.fixtures import rows_with, skip_or_fail, start_row
 from tests.support.haproxy import REPLICA_HEADER, HAProxy
 from tests.support.sessions import SessionServer
@@ -314,6 +316,7 @@ def _cases() -> list[Any]:
     for row in rows_with("persistent", "processes"):  # every kind of store several processes share
         (name,) = row.values
         cases.append(pytest.param(name, "http", "delete", marks=row.marks, id=f"{name}-delete"))
+        cases.append(pytest.param(name, "http", "freeze", marks=row.marks, id=f"{name}-freeze"))
         for client in ("fastmcp", "sdk") if name in FULL else ("fastmcp",):
             for cut in _CUTS.get((name, client), ("drop", "kill")):
                 cases.append(pytest.param(name, client, cut, marks=row.marks, id=f"{name}-{client}-{cut}"))
@@ -325,6 +328,8 @@ async def test_three_replicas_behind_haproxy(cluster: Cluster, client: str, scen
     """One row's cases in a row, on one cluster: a DELETE refused everywhere, then each cut, 3 times."""
     if scenario == "delete":
         await a_delete_is_refused_by_every_replica_within_a_second(cluster)
+    elif scenario == "freeze":
+        await a_frozen_runner_never_answers_a_request_answered_for_it(cluster)
     else:
         await a_cut_stream_resumes_on_any_replica(cluster, client, scenario)
 
@@ -387,3 +392,67 @@ async def a_delete_is_refused_by_every_replica_within_a_second(cluster: Cluster)
     p50, p99 = statistics.median(latencies), statistics.quantiles(latencies, n=100)[98]
     print(f"\n{cluster.name}: refused elsewhere after a DELETE: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
     assert max(latencies) < TERMINATED_WITHIN
+
+
+FROZEN_STEPS = 40
+"""The frozen call's steps (PAUSE apart): it would still be running when its runner is thawed."""
+
+FROZEN_RESUMPTIONS = 6
+"""Resumptions after the thaw, through the proxy: each replica serves two."""
+
+
+async def _resume(http: httpx.AsyncClient, url: str, session: RawSession, last_event_id: str) -> list[Any]:
+    """The messages (and their ids) of a GET that resumes after ``last_event_id``, to the end of its response."""
+    sent: list[Any] = []
+    with anyio.fail_after(FAIL_FAST_WITHIN + 5):
+        async with session.http.stream("GET", url, headers=session.headers(**{"last-event-id": last_event_id})) as r:
+            assert r.status_code == 200, await r.aread()
+            async for event in sse_events(r):
+                if event.get("data"):
+                    sent.append((event.get("id"), json.loads(event["data"])))
+    return sent
+
+
+async def a_frozen_runner_never_answers_a_request_answered_for_it(cluster: Cluster) -> None:
+    """SIGSTOP the replica running a call past its lease: the client resumes elsewhere and is told the call
+    stopped; SIGCONT it: resuming again (from the same id, on any replica) never brings another event or a
+    second answer, and the call was cancelled (its side effect never happened)."""
+    url, counter = cluster.proxy.url, uuid.uuid4().hex
+    async with httpx.AsyncClient(timeout=30) as http:
+        session = await RawSession(http, url).open()
+        arguments = {"steps": FROZEN_STEPS, "pause": PAUSE, "counter": counter}
+        notes, last = 0, ""
+        async with session.call(7, "counted_steps", arguments) as response:
+            runner = response.headers[REPLICA_HEADER]
+            async for event in sse_events(response):
+                last = event.get("id", last)
+                notes += bool(event.get("data"))
+                if notes == 2 * CUT_AT:
+                    break  # the client's connection drops
+        process = cluster.replica(runner).process
+        assert process is not None
+        process.send_signal(signal.SIGSTOP)  # it keeps its sockets, sessions and locks, and does nothing
+        cluster.proxy.command(f"disable server replicas/{runner}")  # what its health check would soon see
+        frozen = time.monotonic()
+        try:
+            answer = await _resume(http, url, session, last)
+            stopped = time.monotonic() - frozen
+        finally:
+            process.send_signal(signal.SIGCONT)
+            cluster.proxy.command(f"enable server replicas/{runner}")
+        print(f"\n{cluster.name}: frozen runner {runner} answered for after {stopped:.2f} s: {answer[-1]}")
+        *_, (end_id, end) = answer
+        assert end["id"] == 7 and end["error"]["message"] in (STOPPED_MESSAGE, UNSETTLED_MESSAGE), answer
+        assert stopped < FAIL_FAST_WITHIN, answer
+        await anyio.sleep(FROZEN_STEPS * PAUSE)  # the time the thawed runner would need to finish the call
+        recorded = answer if end_id is not None else None  # UNSETTLED: the runner records the end when thawed
+        for _ in range(FROZEN_RESUMPTIONS):
+            again = await _resume(http, url, session, last)
+            recorded = recorded or again
+            assert again == recorded and again[:-1] == answer[:-1], (answer, again)
+            assert again[-1][1]["error"]["message"] == STOPPED_MESSAGE and again[-1][1]["id"] == 7, again
+            assert await _resume(http, url, session, again[-1][0]) == []
+        body = RawSession.request(8, "tools/call", {"name": "count", "arguments": {"counter": counter}})
+        async with http.stream("POST", url, json=body, headers=session.headers()) as response:
+            results = [json.loads(event["data"]) async for event in sse_events(response) if event.get("data")]
+        assert results[-1]["result"]["content"][0]["text"] == "0", results  # cancelled: it never completed

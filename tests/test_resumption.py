@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import sqlite3
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -25,9 +28,10 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http import EventMessage, EventStore
 from starlette.applications import Starlette
 
-import kvstores.events
+import kvstores.events._handover
+import kvstores.events._store
 import kvstores.signals
-from kvstores import MemoryStore
+from kvstores import MemoryStore, open_store
 from kvstores.conformance.events import notification, replay, wire
 from kvstores.events import InMemoryEventStore, StoreEventStore
 from tests.support.events import RECONNECT_MS, FlakyStore, RawSession, note_of, sdk_starlette, serving, sse_events
@@ -48,6 +52,9 @@ SPACING = 0.002
 
 RESUMED_WITHIN = 5.0
 """Seconds a resumed stream may take to deliver the result; beyond that the result was lost."""
+
+SHORT_LEASE = 0.6
+"""The runners' LEASE_TTL in the lease tests (LEASE_REFRESH 0.1 s): room for two round trips on a loaded machine."""
 
 
 def expected() -> list[str]:
@@ -179,7 +186,7 @@ async def test_a_message_stored_during_a_replay_waits_for_the_priming_event(make
 
 
 async def test_the_hold_is_bounded_without_a_priming_event(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kvstores.events, "HANDOVER_TIMEOUT", 0.2)
+    monkeypatch.setattr(kvstores.events._handover, "HANDOVER_TIMEOUT", 0.2)
     events = InMemoryEventStore()
     first = await events.store_event("s", None)
     await events.store_event("s", notification(0))
@@ -245,8 +252,8 @@ async def test_a_follower_answers_for_a_runner_that_died(
     stores: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, peer_store = stores
-    monkeypatch.setattr(kvstores.events, "LEASE_TTL", 0.4)
-    monkeypatch.setattr(kvstores.events, "LEASE_REFRESH", 0.1)
+    monkeypatch.setattr(kvstores.events._store, "LEASE_TTL", SHORT_LEASE)
+    monkeypatch.setattr(kvstores.events._store, "LEASE_REFRESH", 0.1)
     runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
     first = await runner.store_event("12", None)
     note = await runner.store_event("12", notification(1))
@@ -257,8 +264,8 @@ async def test_a_follower_answers_for_a_runner_that_died(
     runner._lease.cancel()  # the runner dies: its lease is not renewed any more
     died = time.monotonic()
     assert await asyncio.wait_for(task, 5) is None
-    assert time.monotonic() - died < 0.4 + 1
-    assert sent.ids == [note, None]
+    assert time.monotonic() - died < SHORT_LEASE + 1.5  # the lease, the grace, a poll and the terminal record's write
+    assert sent.ids == [note, _sibling(first, 2)]  # the error is the stream's terminal record: it has an id
     error = sent.events[-1].message
     assert isinstance(error, types.JSONRPCError) and error.id == 12
     assert error.error.code == types.INTERNAL_ERROR and error.error.message == kvstores.events.STOPPED_MESSAGE
@@ -266,7 +273,7 @@ async def test_a_follower_answers_for_a_runner_that_died(
 
 async def test_a_follower_never_skips_a_lost_event(stores: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     store, peer_store = stores
-    monkeypatch.setattr(kvstores.events, "_HOLE_GRACE", 0.2)
+    monkeypatch.setattr(kvstores.events._store, "_HOLE_GRACE", 0.2)
     flaky = FlakyStore(store)
     runner, follower = StoreEventStore(flaky, live=True), StoreEventStore(peer_store)
     first = await runner.store_event("s1", None)
@@ -277,9 +284,160 @@ async def test_a_follower_never_skips_a_lost_event(stores: tuple[Any, Any], monk
     flaky.down = False
     await runner.store_event("s1", notification(3))
     assert await asyncio.wait_for(task, 5) is None
-    assert sent.ids == [kept, None]
+    assert sent.ids == [kept, _sibling(first, 2)]
     error = sent.events[-1].message
     assert isinstance(error, types.JSONRPCError) and error.id == "s1" and "lost" in error.error.message
+
+
+def _sibling(event_id: str, seq: int) -> str:
+    """The id of event ``seq`` of ``event_id``'s stream."""
+    return f"{event_id.rpartition('-')[0]}-{seq}"
+
+
+async def _freeze(runner: StoreEventStore) -> None:
+    """The runner's process stops: its lease is renewed no more (a cancel that lands inside a put may be lost)."""
+    while runner._lease is not None and not runner._lease.done():
+        runner._lease.cancel()
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def short_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kvstores.events._store, "LEASE_TTL", SHORT_LEASE)
+    monkeypatch.setattr(kvstores.events._store, "LEASE_REFRESH", 0.1)
+
+
+@pytest.mark.usefixtures("short_lease")
+async def test_a_thawed_runner_never_reaches_a_stream_answered_for_it(stores: tuple[Any, Any]) -> None:
+    """One final answer per request: once a follower answered for a frozen runner, the runner's later events
+    and result are refused, by the runner and by every reader, and the runner cancels the request."""
+    store, peer_store = stores
+    runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
+    cancelled: list[str] = []
+
+    async def cancel() -> None:
+        cancelled.append("9")
+
+    first = await runner.append("9", None, request_id="9", on_fence=cancel)
+    note = await runner.store_event("9", notification(1))
+    task, sent = await _follow(follower, first)
+    await _freeze(runner)
+    assert await asyncio.wait_for(task, 5) is None
+    end = _sibling(first, 2)
+    assert sent.ids == [note, end]
+    assert isinstance(sent.events[-1].message, types.JSONRPCError) and sent.events[-1].message.id == "9"
+    # Thawed: the runner goes on, and learns at its next event that its lease lapsed.
+    await runner.store_event("9", notification(2))
+    await runner.store_event("9", _final(9))
+    await asyncio.sleep(0.1)
+    assert cancelled == ["9"]
+    for reader in (follower, runner, StoreEventStore(peer_store)):
+        for position, anchor in enumerate((first, note, end)):
+            task, resumed = await _follow(reader, anchor)
+            await asyncio.wait_for(task, 5)
+            assert resumed.ids == [note, end][position:], (reader.replica, position)
+            assert (await replay(reader, anchor))[1].ids == [note, end][position:]
+
+
+@pytest.mark.usefixtures("short_lease")
+async def test_events_written_before_the_runner_learns_are_never_delivered(
+    stores: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thaw race: the runner stores events before it notices its lease lapsed; readers refuse them,
+    and the runner learns of the answer at its next lease renewal and cancels the request."""
+    store, peer_store = stores
+    runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
+    cancelled: list[int] = []
+
+    async def cancel() -> None:
+        cancelled.append(1)
+
+    first = await runner.append("4", None, request_id=4, on_fence=cancel)
+    note = await runner.store_event("4", notification(1))
+    task, _ = await _follow(follower, first)
+    await _freeze(runner)
+    assert await asyncio.wait_for(task, 5) is None
+    with monkeypatch.context() as stalled:  # it has not noticed yet, nor renewed its lease: these are written
+        stalled.setattr(runner, "_keep_lease", lambda: None)
+        runner._lease_until = math.inf
+        late = [await runner.store_event("4", notification(2)), await runner.store_event("4", notification(3))]
+    assert (await replay(StoreEventStore(peer_store), first))[1].ids == [note, _sibling(first, 2)]
+    assert late[0] == _sibling(first, 2)  # the id of the record that ends the stream: nothing follows it
+    assert (await replay(StoreEventStore(peer_store), late[0]))[1].ids == []
+    assert (await replay(StoreEventStore(peer_store), late[1]))[1].ids == [late[0]]  # an id the end voided
+    runner._keep_lease()  # its next renewal reads the stream's end
+    await asyncio.sleep(0.3)
+    assert cancelled == [1]
+    await runner.store_event("4", _final(4))  # the cancelled request's answer: refused
+    assert (await replay(runner, note))[1].ids == [_sibling(first, 2)]
+    assert (await replay(StoreEventStore(peer_store), first))[1].ids == [note, _sibling(first, 2)]
+
+
+@pytest.mark.usefixtures("short_lease")
+async def test_a_resumption_from_the_end_of_a_stream_ends_when_the_runner_stored_an_event_there(
+    stores: tuple[Any, Any],
+) -> None:
+    """The runner was frozen inside the put of the event its answered-for request's end took the place of:
+    thawed, the put lands beside the end record. Resuming from the end's id sends nothing and ends (None):
+    a stream id would make the transport wait for live events that never come, and the response never end."""
+    store, peer_store = stores
+    runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
+    gave_up = asyncio.Event()
+
+    async def cancel() -> None:
+        gave_up.set()
+
+    first = await runner.append("5", None, request_id=5, on_fence=cancel)
+    note = await runner.store_event("5", notification(1))
+    task, sent = await _follow(follower, first)
+    await _freeze(runner)
+    assert await asyncio.wait_for(task, 5) is None
+    end = _sibling(first, 2)
+    assert sent.ids == [note, end]
+    runner._lease_until = math.inf  # the put in flight at the freeze: it lands once thawed
+    assert await runner.store_event("5", notification(2)) == end
+    await asyncio.wait_for(gave_up.wait(), 5)  # its next lease renewal reads the stream's end
+    for reader in (follower, runner, StoreEventStore(peer_store)):
+        for anchor, after in ((first, [note, end]), (note, [end]), (end, [])):
+            task, resumed = await _follow(reader, anchor)
+            assert await asyncio.wait_for(task, 5) is None, (reader.replica, anchor)
+            assert resumed.ids == after, (reader.replica, anchor)
+
+
+@pytest.mark.usefixtures("short_lease")
+async def test_the_answer_comes_in_time_while_a_frozen_process_holds_the_sqlite_write_lock(
+    tmp_path: Path,
+) -> None:
+    """The follower cannot record the request's end: it says the outcome is open (never a silent success),
+    within the bound; the thawed runner records the end itself before anything else it stores counts."""
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    async with open_store(url) as store, open_store(url) as peer_store:
+        runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
+        first = await runner.append("3", None, request_id="003")
+        note = await runner.store_event("3", notification(1))
+        await follower._listen()  # a replica listens from its first follow on, long before this one
+        assert await peer_store.get("opened", collection="elsewhere") is None  # and has its store open
+        await _freeze(runner)
+        frozen = time.monotonic()
+        lock = sqlite3.connect(tmp_path / "events.db", isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")  # the frozen process's write transaction
+        try:
+            task, sent = await _follow(follower, first)  # the follow starts (and announces itself) under the lock
+            assert await asyncio.wait_for(task, 5) is None
+            assert time.monotonic() - frozen < SHORT_LEASE + 1.5
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        error = sent.events[-1].message
+        assert sent.ids == [note, None] and isinstance(error, types.JSONRPCError)
+        assert (error.id, error.error.message) == ("003", kvstores.events.UNSETTLED_MESSAGE)
+        await runner.store_event("3", _final(3))  # thawed: its lease lapsed, it records the end first
+        await asyncio.sleep(0.3)
+        resumed = (await replay(StoreEventStore(peer_store), first))[1]
+        assert resumed.ids == [note, _sibling(first, 2)]
+        assert resumed.messages[-1] == wire(kvstores.events._store._error("003", kvstores.events.STOPPED_MESSAGE))
+        await kvstores.signals.channel(store).aclose()
+        await kvstores.signals.channel(peer_store).aclose()
 
 
 async def test_a_follower_keeps_to_its_session_and_leaves_the_get_stream_to_the_transport(
@@ -296,3 +454,26 @@ async def test_a_follower_keeps_to_its_session_and_leaves_the_get_stream_to_the_
     task, sent = await _follow(follower, get, stream_prefix="2:ab:")
     assert await asyncio.wait_for(task, 5) == "2:ab:_GET_stream"  # replayed, not followed: it never ends
     assert sent.ids == [later]
+
+
+async def test_a_runner_signals_only_the_streams_a_follower_follows(stores: tuple[Any, Any]) -> None:
+    store, peer_store = stores
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    unlisten = await kvstores.signals.channel(peer_store).listen(kvstores.events.SIGNALS, heard.put_nowait)
+    try:
+        runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
+        alone = await runner.store_event("1", None)
+        await runner.store_event("1", notification(1))
+        followed = await runner.store_event("2", None)
+        task, sent = await _follow(follower, followed)
+        signalled = await asyncio.wait_for(heard.get(), 5)  # the runner heard the follow: it signals that stream
+        assert signalled == followed.rpartition("-")[0]
+        ids = [await runner.store_event("2", notification(2)), await runner.store_event("2", _final(2))]
+        assert await asyncio.wait_for(task, 5) is None
+        assert sent.ids == ids
+        await runner.store_event("1", _final(1))
+        await asyncio.sleep(0.3)  # time for a signal of stream 1 to come, were one published
+        tokens = {signalled} | {heard.get_nowait() for _ in range(heard.qsize())}
+        assert alone.rpartition("-")[0] not in tokens, "a stream nobody follows costs no signal"
+    finally:
+        unlisten()

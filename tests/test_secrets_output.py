@@ -23,8 +23,8 @@ import pytest
 from kvstores import open_store
 from kvstores._urls import redact, redact_text
 from kvstores.targets import Target
-from tests.support import Backend, free_port
-from tests.support.fixtures import start_row
+from tests.support import Backend, free_port, with_user_info
+from tests.support.fixtures import rows_with, start_row
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "kvS3cretPw91"
@@ -180,52 +180,49 @@ def _leaks(url: str, sqlite: str, groups: tuple[str, ...]) -> tuple[list[str], s
     return found, succeeded
 
 
-def _with_user_info(url: str, user_info: str, **query: str) -> str:
-    """``url`` with ``user_info`` and the query options ``query`` added."""
+def _with_query(url: str, **query: str) -> str:
+    """``url`` with the query options ``query`` added."""
     parts = urlsplit(url)
-    netloc = f"{user_info}@{parts.netloc.rpartition('@')[2]}"
-    options = "&".join(filter(None, [parts.query, urlencode(query)]))
-    return urlunsplit(parts._replace(netloc=netloc, query=options))
+    return urlunsplit(parts._replace(query="&".join(filter(None, [parts.query, urlencode(query)]))))
 
 
-def _store_url(backend: Backend, namespace: str) -> str:
-    """A URL of the row's store on ``namespace`` with its options in the query."""
-    url, options = backend.url(namespace)
-    options = dict(options)
-    database = options.pop("database", None)
-    parts = urlsplit(url)
-    if database is not None and parts.path in ("", "/"):
-        parts = parts._replace(path=f"/{database}")
-    query = "&".join(filter(None, [parts.query, urlencode(options)]))
-    return urlunsplit(parts._replace(query=query))
+def _cases(backend: Backend, namespace: str) -> list[tuple[str, tuple[str, ...]]]:
+    """(URL, groups of verbs) of each case of one row, every URL carrying the password.
 
-
-def _cases(name: str, reachable: str, unreachable: str) -> list[tuple[str, tuple[str, ...]]]:
-    """(URL, groups of verbs) of each case of one backend; ``reachable`` and ``unreachable`` carry no password yet.
-
-    Every verb runs on a reachable store, an unreachable one and with a bad option value; the
-    cases that only vary what the driver is given run a few. (SecantusDB is slow and refuses
-    any user: its reachable store takes the password as an option, and check runs on it unreachable.)
+    Every verb runs on a reachable store, an unreachable one (a closed port) and with a bad
+    option value; the cases that only vary what the driver is given run a few. A server that
+    refuses every user (:attr:`~tests.support.Backend.accepts_password`) is also reached with
+    the password as an option; a slow one runs check only unreachable.
     """
-    user = {"redis": "", "postgresql": "postgres", "mongodb": "app"}[name]
+    reachable = backend.url_with_password(namespace, SECRET)
+    parts = urlsplit(reachable)
+    user_info = parts.netloc.rpartition("@")[0]
+    unreachable = urlunsplit(parts._replace(netloc=f"{user_info}@127.0.0.1:{free_port()}"))
     some: tuple[str, ...] = ("some",)
     probe: tuple[str, ...] = ("some", "check")
+    slow = backend.slow_server
     cases: list[tuple[str, tuple[str, ...]]] = [
-        (_with_user_info(reachable, f"{user}:{SECRET}"), some if name == "mongodb" else ALL),
-        (_with_user_info(unreachable, f"{user}:{SECRET}", timeout="1"), probe if name == "mongodb" else ALL),
-        (_with_user_info(reachable, f"{user}:{SECRET}", timeout="abc"), ALL),
-        (_with_user_info(reachable, f"{user}:{SECRET}", nonsense="1"), some),
-        (_with_user_info(reachable, f"{user}:{ENCODED}"), some),
+        (reachable, ALL if backend.accepts_password else some),
+        (_with_query(unreachable, timeout="1"), probe if slow else ALL),
+        (_with_query(reachable, timeout="abc"), ALL),
+        (_with_query(reachable, nonsense="1"), some),
+        (backend.url_with_password(namespace, f"{SECRET}/@?#x"), some),
     ]
-    if name == "redis":  # TLS to a server that speaks none, and to no server
-        cases += [
-            (_with_user_info(reachable.replace("redis://", "rediss://"), f":{SECRET}", timeout="1"), some),
-            (_with_user_info(unreachable.replace("redis://", "rediss://"), f":{SECRET}"), probe),
-        ]
-    if name == "mongodb":
-        cases.append(
-            (_with_user_info(reachable, "", password=SECRET).replace("://@", "://"), ("some", "rest", "bench"))
-        )
+    assert ENCODED in cases[-1][0]
+    user = user_info.partition(":")[0]
+    host, port = parts.hostname, parts.port
+    cases += [
+        (with_user_info(reachable, f"{user}:{SECRET}/x?y#z"), some),  # unescaped: a parser would cut it
+        (with_user_info(reachable, f"{user}:{SECRET}@:x"), some),  # an unescaped "@" and ":"
+        (with_user_info(reachable, f"{user}:{SECRET}é€"), some),  # non-ASCII, as typed
+        (_with_query(with_user_info(reachable, user), password=SECRET), some),  # in the query
+        (urlunsplit(parts._replace(netloc=f"{user_info}@{host}:{port},127.0.0.1:{free_port()}")), some),
+    ]
+    tls = (backend.tls_url(reachable), backend.tls_url(unreachable))
+    if tls[0] is not None and tls[1] is not None:  # TLS to a server that speaks none, and to no server
+        cases += [(_with_query(tls[0], timeout="1"), some), (tls[1], probe)]
+    if not backend.accepts_password:
+        cases.append((_with_query(with_user_info(reachable, ""), password=SECRET), ("some", "rest", "bench")))
     return cases
 
 
@@ -250,23 +247,19 @@ def scratch(tmp_path: Path) -> Iterator[str]:
     yield url
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(name, marks=getattr(pytest.mark, name), id=name) for name in ("redis", "postgresql", "mongodb")],
-)
+@pytest.mark.parametrize("name", rows_with("proxied", "processes"))
 def test_no_command_ever_shows_the_password(
     name: str, namespace: str, scratch: str, started: dict[str, Backend | str]
 ) -> None:
+    """Every row whose URL names one server (and that differs from the others in more than its
+    client object, which the command line never sees): the password in its URL never shows."""
     backend = start_row(name, started)
-    reachable = _store_url(backend, namespace)
-    parts = urlsplit(reachable)
-    unreachable = urlunsplit(parts._replace(netloc=f"127.0.0.1:{free_port()}"))
-    cases = _cases(name, reachable, unreachable)
+    cases = _cases(backend, namespace)
     try:
         with ThreadPoolExecutor(_WORKERS) as pool:
             results = list(pool.map(lambda case: _leaks(case[0], scratch, case[1]), cases))
     finally:
-        _destroy(reachable)
+        _destroy(backend.full_url(namespace))
     leaks = [leak for found, _ in results for leak in found]
     assert not leaks, "the password was shown:\n" + "\n".join(leaks)
     succeeded = set().union(*(verbs for _, verbs in results))
@@ -294,7 +287,7 @@ def test_a_bad_url_and_bad_arguments_never_show_the_password(tmp_path: Path) -> 
 
 @pytest.mark.redis
 def test_ping_prints_the_url_redacted(namespace: str, started: dict[str, Backend | str]) -> None:
-    url = _with_user_info(_store_url(start_row("redis", started), namespace), f":{SECRET}", password=SECRET)
+    url = _with_query(start_row("redis", started).url_with_password(namespace, SECRET), password=SECRET)
     result = _kvstores("ping", url)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"{redact(url)}: ok ("), result.stdout

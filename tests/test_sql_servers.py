@@ -3,7 +3,8 @@
 Several processes creating the schema at once; overlapping bulk writes from several pools; the
 longest names (digests in the index) distinct and whole; expired rows hidden at once, reclaimed
 by the sweep and by cull, and taken over by a write; a writer killed with SIGKILL between and
-inside its transactions; nothing listening; and, on a
+inside its transactions; nothing listening; the table's name, the statement cache, destroy()
+and a foreign or newer table; a full pool and a statement blocked by a lock; and, on a
 private server of the test's own (``Backend.private_server``), the server stopped under load,
 crashed, and down when the store is made, with the same store object working once it is back.
 What only one backend has stays in its own module (test_postgresql.py, test_mysql.py).
@@ -28,9 +29,11 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import pytest
 
-from kvstores import StoreConnectionError, open_store
+from kvstores import KVStoreError, StoreConnectionError, open_store
+from kvstores.backends._sql import SCHEMA_VERSION
 from tests.support import Backend, PrivateServer, Unavailable, entry_class, free_port, marker, run_processes
 from tests.support.fixtures import assert_connection_errors, rows_with, skip_or_fail
+from tests.support.sql import SQLBackend, exercise
 from tests.support.workers import first_use, newest_whole_batch
 
 pytestmark = pytest.mark.anyio
@@ -58,11 +61,27 @@ def test_concurrent_first_use_by_several_processes_creates_the_schema_once(backe
 
 
 @sql_rows
-async def test_concurrent_overlapping_bulk_writes_never_deadlock(backend: Backend, namespace: str) -> None:
+async def test_concurrent_overlapping_bulk_writes_never_deadlock(
+    backend: Backend, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Bulk writes lock their rows in one order (sorted by digest), so overlapping put_many and
-    delete_many calls from several pools queue instead of deadlocking (seen under the soak)."""
+    delete_many calls from several pools queue instead of deadlocking (seen under the soak).
+
+    The stores would run a deadlock victim's statement again, hiding it: every error they see is
+    watched, and the server must not have picked a single victim."""
     stores = [await backend.open(namespace, batching=False) for _ in range(3)]
     keys = [f"k{i}" for i in range(40)]
+    kind = type(stores[0])
+    is_deadlock = kind._is_deadlock
+    victims: list[Exception] = []
+
+    def watched(exc: Exception) -> bool:
+        if is_deadlock(exc):
+            victims.append(exc)
+            return True
+        return False
+
+    monkeypatch.setattr(kind, "_is_deadlock", staticmethod(watched))
     try:
 
         async def writer(store: Any, seed: int) -> None:
@@ -73,6 +92,9 @@ async def test_concurrent_overlapping_bulk_writes_never_deadlock(backend: Backen
                 await store.delete_many(rng.sample(keys, 5))
 
         await asyncio.gather(*(writer(store, seed) for seed, store in enumerate(stores * 2)))
+        assert victims == []
+        for value in await stores[0].get_many(keys):  # whole writes only
+            assert value is None or set(value) == {"seed"}
     finally:
         await stores[0].destroy()
         for store in stores:
@@ -194,6 +216,149 @@ async def test_nothing_listening_raises_connection_error_within_timeout(backend:
     async with open_store(nowhere, **{**options, "timeout": TIMEOUT}) as store:
         operations: list[Callable[[], Awaitable[Any]]] = [lambda: store.get("k"), lambda: store.put("k", {"v": 1})]
         await assert_connection_errors(operations, TIMEOUT + 1, backend.driver_errors)
+
+
+# -- the table, its options and its schema ---------------------------------------------------
+
+
+@sql_rows
+def test_table_must_be_an_identifier(backend: SQLBackend) -> None:
+    kind, q = backend.store_class, backend.quote
+    longest = kind._max_name
+    bad = ["", "1a", "a-b", f"a{q}b", "a b", "a.b.c", ".a", "a.", "x" * (longest + 1), "kv;DROP", "\u00e9"]
+    for table in [*bad, "s" * (kind._max_part + 1) + ".t"]:
+        with pytest.raises(ValueError, match="table must be"):
+            kind(backend.database_url, table=table)
+    for table, quoted in [("Kv_1", f"{q}Kv_1{q}"), ("s.t", f"{q}s{q}.{q}t{q}"), ("x" * longest, q + "x" * longest + q)]:
+        assert kind(backend.database_url, table=table).table == quoted
+
+
+@sql_rows
+@pytest.mark.parametrize(("cache", "prepared"), [(0, False), (100, True)])
+async def test_statement_cache_size(backend: SQLBackend, namespace: str, cache: int, prepared: bool) -> None:
+    """Without a cache (PgBouncer in transaction mode, a proxy that cannot route prepared
+    statements) nothing is prepared on the server; with one, each statement shape once."""
+    url, options = backend.url(namespace)
+    store = open_store(f"{url}?statement_cache_size={cache}&max_connections=1", **options)
+    assert isinstance(store, backend.store_class)
+    try:
+        await store.get("k")
+        before = await backend.prepared(store)
+        for _ in range(2):  # the second run reuses what the first prepared
+            await exercise(store)
+        assert (await backend.prepared(store) > before) is prepared
+        for size in range(1, 70):  # bulk statements come in a few shapes
+            keys = [f"k{i}" for i in range(size)]
+            await store.put_many(keys, [{"i": i} for i in range(size)])
+            assert await store.get_many(keys) == [{"i": i} for i in range(size)]
+            assert await store.delete_many(keys) == size
+        assert await backend.prepared(store) - before < (40 if prepared else 1)
+    finally:
+        await store.aclose()
+
+
+@sql_rows
+async def test_destroy_deletes_only_its_own_rows(backend: SQLBackend, namespace: str, store: Any) -> None:
+    neighbour = backend.quoted(f"{backend.table_name(namespace)[:40]}_neighbour")
+    run_sql = backend.run_sql
+    run_sql(backend.database_url, f"CREATE TABLE {neighbour} (id int)", f"INSERT INTO {neighbour} VALUES (1), (2)")
+    other = await backend.open(namespace + "_other")
+    try:
+        await store.put_many(["a", "b"], [{"v": 1}, {"v": 2}], collection="c")
+        await store.put("expiring", {"v": 1}, ttl=0.01)
+        await other.put("a", {"v": "other"}, collection="c")
+        assert await store.destroy() is True
+        assert await store.destroy() is False
+        assert run_sql(backend.database_url, f"SELECT count(*) FROM {neighbour}")[0][0][0] == 2
+        assert await other.get("a", collection="c") == {"v": "other"}
+        version = f"SELECT value FROM {store.table}"
+        assert [row[0] for row in run_sql(backend.database_url, version)[0]] == [str(SCHEMA_VERSION)]
+        await store.put("again", {"v": 3})  # the table is still there
+        assert await store.get("again") == {"v": 3}
+    finally:
+        await other.destroy()
+        await other.aclose()
+        run_sql(backend.database_url, f"DROP TABLE {neighbour}")
+
+
+@sql_rows
+async def test_other_schema_version_or_foreign_table_is_a_clear_error(
+    backend: SQLBackend, namespace: str, store: Any
+) -> None:
+    run_sql = backend.run_sql
+    await store.put("k", {"v": 1})
+    set_version = f"UPDATE {store.table} SET value = {backend.mark(1)} WHERE collection = ''"
+    run_sql(backend.database_url, (set_version, ("2",)))
+    try:
+        later = await backend.open(namespace)
+        with pytest.raises(KVStoreError, match="schema version 2; this kvstores reads version 1"):
+            await later.get("k")
+        await later.aclose()
+    finally:
+        run_sql(backend.database_url, (set_version, (str(SCHEMA_VERSION),)))
+
+    foreign = backend.quoted(f"{backend.table_name(namespace)[:40]}_foreign")
+    run_sql(backend.database_url, f"CREATE TABLE {foreign} (id int)", f"INSERT INTO {foreign} VALUES (1)")
+    async with backend.store_class(backend.database_url, table=foreign[1:-1]) as alien:
+        with pytest.raises(KVStoreError) as caught:
+            await alien.destroy()
+        assert isinstance(caught.value.__cause__, backend.sql_error)
+    assert run_sql(backend.database_url, f"SELECT count(*) FROM {foreign}")[0][0][0] == 1
+    run_sql(backend.database_url, f"DROP TABLE {foreign}")
+
+
+# -- timeouts on the row's server ------------------------------------------------------------
+
+
+@sql_rows
+async def test_pool_exhausted_raises_connection_error_within_timeout(backend: Backend, namespace: str) -> None:
+    store = await backend.open(namespace, max_connections=1, timeout=0.5)
+    try:
+        await store.put("k", {"v": 1})
+        assert store.pool is not None
+        async with store.pool.acquire():  # someone holds the only connection
+            started = time.monotonic()
+            with pytest.raises(StoreConnectionError) as caught:
+                await store.get("k")
+            assert time.monotonic() - started < 0.5 + 1.5
+            assert isinstance(caught.value.__cause__, TimeoutError)
+        assert await store.get("k") == {"v": 1}
+    finally:
+        await store.destroy()
+        await store.aclose()
+
+
+@sql_rows
+async def test_statement_blocked_by_a_lock_times_out_and_leaves_the_server(backend: SQLBackend, namespace: str) -> None:
+    """A statement waiting on a lock past the store's timeout, or the server's, raises
+    StoreConnectionError in time; the one the store gave up on is cancelled (or killed) on the
+    server, so it waits no more and holds nothing."""
+    client_side = await backend.open(namespace, timeout=0.5)
+    server_side = await backend.open(namespace, timeout=5, **backend.lock_timeout(1.0))
+    try:
+        await client_side.put("k", {"v": 1})
+        assert await server_side.get("k") == {"v": 1}
+        async with backend.lock_row(client_side.table, "k"):
+            for store, within, cause in [
+                (client_side, 0.5, TimeoutError),  # the store's own deadline
+                (server_side, 1.0, backend.sql_error),  # the server's lock timeout
+            ]:
+                started = time.monotonic()
+                with pytest.raises(StoreConnectionError) as caught:
+                    await store.put("k", {"v": 2})
+                assert time.monotonic() - started < within + 1.5
+                assert isinstance(caught.value.__cause__, cause)
+            for _ in range(100):
+                if not await backend.waiting_on_locks():
+                    break
+                await anyio.sleep(0.05)
+            assert await backend.waiting_on_locks() == 0
+        assert await client_side.get("k") == {"v": 1}
+        assert await server_side.pop("k") == {"v": 1}
+    finally:
+        await client_side.destroy()
+        await client_side.aclose()
+        await server_side.aclose()
 
 
 # -- faults on a private server --------------------------------------------------------------

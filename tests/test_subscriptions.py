@@ -15,8 +15,9 @@ from mcp.shared.subscriptions import ResourcesListChanged, ResourceUpdated, Serv
 
 from kvstores import signals
 from kvstores.subscriptions import StoreSubscriptionBus
-from tests.support import Backend
+from tests.support import Backend, marker
 from tests.support.events import serving
+from tests.support.fixtures import private_server, skip_or_fail
 
 pytestmark = pytest.mark.anyio
 
@@ -66,7 +67,7 @@ async def test_every_client_of_every_replica_gets_what_its_filter_asks(
     try:
         signals.channel(store)
     except TypeError as exc:
-        pytest.skip(str(exc))
+        skip_or_fail(marker(backend.name), str(exc))
     stores = [store] + [await backend.open(namespace) if backend.persistent else store for _ in range(REPLICAS - 1)]
     async with contextlib.AsyncExitStack() as stack:
         buses = [await stack.enter_async_context(StoreSubscriptionBus(each)) for each in stores]
@@ -156,20 +157,11 @@ async def test_bus_survives_a_redis_restart(tmp_path: Path) -> None:
 @pytest.mark.postgresql
 async def test_bus_survives_a_postgresql_restart() -> None:
     from kvstores.backends.postgresql import PostgreSQLStore
-    from tests.support import Unavailable
-    from tests.support.fixtures import skip_or_fail
-    from tests.support.postgresql import PostgresServer
 
-    try:
-        server = PostgresServer()
-        server.init()
-        server.start()
-    except Unavailable as exc:
-        skip_or_fail("postgresql", f"cannot start a private PostgreSQL: {exc}")
-    stores = [PostgreSQLStore(server.url) for _ in range(REPLICAS)]
-    try:
-        await _bus_recovers(stores, server.stop, server.start)
-    finally:
-        for each in stores:
-            await each.aclose()
-        server.remove()
+    with private_server("postgresql") as server:
+        stores = [PostgreSQLStore(server.url) for _ in range(REPLICAS)]
+        try:
+            await _bus_recovers(stores, server.stop, server.start)
+        finally:
+            for each in stores:
+                await each.aclose()

@@ -194,3 +194,58 @@ def test_no_spans_and_no_sdk_work_without_a_provider() -> None:
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr
+
+
+PASSWORD = "hunter2Secret"
+_SHAPES = (
+    f"app:{PASSWORD}@:x@127.0.0.1:1/db",  # unescaped "@" and ":" in the password
+    f"app:{PASSWORD}é€@127.0.0.1:1/db",  # non-ASCII, as typed
+    f"app@127.0.0.1:1/db?password={PASSWORD}",  # in the query
+    f"app:{PASSWORD}@127.0.0.1:1,127.0.0.1:2/db",  # several hosts
+)
+
+
+@pytest.mark.parametrize("shape", _SHAPES)
+# MongoDB's shapes run in tests/test_secrets_output.py's child processes: pymongo, refusing some of
+# them while it builds its client, leaves a socket for the garbage collector, an error in this process.
+@pytest.mark.parametrize("scheme", ["redis", "postgresql", "mysql"])
+async def test_no_url_shape_puts_its_password_in_a_span_or_an_error(
+    telemetry: Telemetry, scheme: str, shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"{scheme}://{shape}{'&' if '?' in shape else '?'}timeout=0.5"
+    seen: list[str] = []
+    try:
+        store = open_store(url)
+    except ValueError as exc:  # a URL the driver cannot read: refused at open
+        seen.append(repr(exc))
+    else:
+        with pytest.raises(Exception) as raised:  # nothing listens: a kvstores error, or the driver's refusal
+            await store.get("k")
+        await store.aclose()
+        seen += [repr(raised.value), repr(raised.value.__cause__)]
+    for span in telemetry.finished():
+        seen += [repr(dict(span.attributes or {})), span.status.description or ""]
+        seen += [repr(dict(event.attributes or {})) for event in span.events]
+    seen.append(caplog.text)
+    assert not [text for text in seen if PASSWORD in text]
+
+
+async def test_background_tasks_have_submit_run_and_finish_spans(telemetry: Telemetry) -> None:
+    from tests.support.tasks import TaskWire, ThreadServer, build_server
+
+    with ThreadServer(build_server(open_store("memory://")).http_app()) as server:
+        wire = TaskWire(server.url)
+        try:
+            task_id = await wire.submit("echo", {"text": SECRET_VALUE})
+            assert (await wire.wait(task_id))["status"] == "completed"
+        finally:
+            await wire.aclose()
+    spans = {span.name: span for span in telemetry.finished() if span.name.startswith("kvstores.tasks")}
+    assert set(spans) == {"kvstores.tasks submit", "kvstores.tasks run", "kvstores.tasks finish"}
+    labels = {(span.attributes or {})["kvstores.task"] for span in spans.values()}
+    assert len(labels) == 1 and labels.pop().startswith("#")
+    assert (spans["kvstores.tasks run"].attributes or {})["kvstores.task.tool"] == "echo"
+    assert (spans["kvstores.tasks finish"].attributes or {})["kvstores.task.state"] == "completed"
+    for span in spans.values():
+        _no_secret_in(span)
+        assert task_id not in repr(dict(span.attributes or {}))

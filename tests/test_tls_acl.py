@@ -1,8 +1,10 @@
 """TLS, least privilege and secrets.
 
 - TLS: a CA and a server certificate (127.0.0.1 / localhost) generated here with the openssl
-  CLI; a redis-server with ``--tls-port`` and a private PostgreSQL with ``ssl=on``. Verification
-  is on by default; a wrong CA, or none, fails with StoreConnectionError saying why.
+  CLI, with the extensions a real CA puts in them (:data:`CA_EXTENSIONS`,
+  :data:`SERVER_EXTENSIONS`), which Python 3.13's strict default verification requires; a
+  redis-server with ``--tls-port`` and a private PostgreSQL with ``ssl=on``. Verification is on
+  by default; a wrong CA, or none, fails with StoreConnectionError saying why.
 - Redis ACL: the store works for a user allowed only ``~<prefix>{*`` and :data:`REDIS_COMMANDS`;
   every one of those commands is needed (without any one, some operation is refused), and
   ``keys()``/``destroy()`` never touch a key outside the prefix (the user would be refused).
@@ -15,6 +17,7 @@ import logging
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -54,6 +57,24 @@ def redis_acl(user: str, password: str, commands: tuple[str, ...] = REDIS_COMMAN
     ]
 
 
+CA_EXTENSIONS = """\
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid:always
+"""
+"""A CA certificate's extensions: Python 3.13's VERIFY_X509_STRICT refuses a CA without keyUsage, SKI or AKI."""
+SERVER_EXTENSIONS = """\
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1, DNS:localhost
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid, issuer
+"""
+"""The server certificate's: its names, its use, and the key identifier of the CA that signed it."""
+
+
 @dataclass
 class Certificates:
     """A CA, a server certificate it signed (for 127.0.0.1 and localhost), and an unrelated CA."""
@@ -71,20 +92,31 @@ def _openssl(folder: Path, *arguments: str) -> None:
         raise Unavailable(f"openssl {arguments[0]} failed: {result.stderr}")
 
 
+def _certificates_for(service: str, request: pytest.FixtureRequest) -> Certificates:
+    """The module's certificates, for the TLS server of ``service``: without the openssl CLI its
+    tests skip, or fail when KVSTORES_REQUIRE names ``service``."""
+    if shutil.which("openssl") is None:
+        skip_or_fail(service, "the openssl CLI is not installed")
+    certificates: Certificates = request.getfixturevalue("certificates")
+    return certificates
+
+
 @pytest.fixture(scope="module")
 def certificates() -> Iterator[Certificates]:
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl CLI is not installed")
+    """Made once per module; a TLS server's fixture (listed first by its tests) checks for openssl."""
     folder = Path(tempfile.mkdtemp(prefix="kvstores-tls-"))
+    (folder / "ca.ext").write_text(CA_EXTENSIONS)
+    (folder / "server.ext").write_text(SERVER_EXTENSIONS)
     try:
-        for ca in ("ca", "wrong-ca"):
-            _openssl(folder, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", f"{ca}.key",
-                     "-out", f"{ca}.crt", "-subj", f"/CN=kvstores test {ca}")  # fmt: skip
-        (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-        _openssl(folder, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-                 "-subj", "/CN=localhost")  # fmt: skip
+        for name, subject in (("ca", "/CN=kvstores test ca"), ("wrong-ca", "/CN=kvstores test wrong-ca"),
+                              ("server", "/CN=localhost")):  # fmt: skip
+            _openssl(folder, "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+                     "-out", f"{name}.csr", "-subj", subject)  # fmt: skip
+        for ca in ("ca", "wrong-ca"):  # self-signed, with the CA's extensions
+            _openssl(folder, "x509", "-req", "-in", f"{ca}.csr", "-signkey", f"{ca}.key", "-out", f"{ca}.crt",
+                     "-days", "2", "-extfile", "ca.ext")  # fmt: skip
         _openssl(folder, "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", "server.crt", "-days", "2", "-extfile", "san.ext")  # fmt: skip
+                 "-out", "server.crt", "-days", "2", "-extfile", "server.ext")  # fmt: skip
     except Unavailable as exc:
         shutil.rmtree(folder, ignore_errors=True)
         pytest.fail(str(exc))
@@ -96,7 +128,8 @@ def certificates() -> Iterator[Certificates]:
 
 
 @pytest.fixture(scope="module")
-def tls_redis(certificates: Certificates) -> Iterator[tuple[RedisServer, int]]:
+def tls_redis(request: pytest.FixtureRequest) -> Iterator[tuple[RedisServer, int]]:
+    certificates = _certificates_for("redis", request)
     tls_port = free_port()
     server = RedisServer(
         certificates.folder,
@@ -125,6 +158,22 @@ async def test_rediss_verifies_the_server(tls_redis: tuple[RedisServer, int], ce
 
 
 @pytest.mark.redis
+def test_the_certificates_pass_strict_verification(
+    tls_redis: tuple[RedisServer, int], certificates: Certificates
+) -> None:
+    """What Python 3.13's default context demands (VERIFY_X509_STRICT), checked on every Python."""
+    _, port = tls_redis
+    context = ssl.create_default_context(cafile=certificates.ca)
+    context.verify_flags |= ssl.VERIFY_X509_STRICT
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as connection,
+        context.wrap_socket(connection, server_hostname="localhost") as tls,
+    ):
+        peer = tls.getpeercert()
+    assert dict(peer["subjectAltName"]) == {"IP Address": "127.0.0.1", "DNS": "localhost"}
+
+
+@pytest.mark.redis
 @pytest.mark.parametrize("ca", ["wrong", "system"])
 async def test_rediss_refuses_a_server_it_cannot_verify(
     tls_redis: tuple[RedisServer, int], certificates: Certificates, ca: str
@@ -143,8 +192,10 @@ async def test_rediss_refuses_a_server_it_cannot_verify(
 
 
 @pytest.fixture(scope="module")
-def tls_postgres(certificates: Certificates) -> Iterator[Any]:
+def tls_postgres(request: pytest.FixtureRequest) -> Iterator[Any]:
     from tests.support.postgresql import PostgresServer
+
+    certificates = _certificates_for("postgresql", request)
 
     try:
         server = PostgresServer()

@@ -114,17 +114,18 @@ async def test_round_trip(wrapped: Any) -> None:
 
 
 async def test_ttl_is_kept_and_expires(wrapped: Any) -> None:
-    await wrapped.put("short", LARGE, ttl=0.5)
-    await wrapped.put_many(["m1", "m2"], [SMALL, SMALL], ttl=0.5)
-    await wrapped.put("forever", SMALL, ttl=0.5)
+    ttl_seconds = 2.0  # long enough for the four writes and the read on a loaded machine
+    await wrapped.put("short", LARGE, ttl=ttl_seconds)
+    await wrapped.put_many(["m1", "m2"], [SMALL, SMALL], ttl=ttl_seconds)
+    await wrapped.put("forever", SMALL, ttl=ttl_seconds)
     await wrapped.put("forever", SMALL)  # a put without a TTL clears the earlier one
     value, ttl = await wrapped.ttl("short")
-    assert value == LARGE and ttl is not None and 0 < ttl <= 0.5
+    assert value == LARGE and ttl is not None and 0 < ttl <= ttl_seconds
 
     async def expired() -> bool:
         return bool(await wrapped.get_many(["short", "m1", "m2"]) == [None, None, None])
 
-    await eventually(expired)
+    await eventually(expired, within=ttl_seconds + 8)
     assert await wrapped.ttl("short") == (None, None)
     assert await wrapped.ttl("forever") == (SMALL, None)
 
@@ -334,13 +335,14 @@ async def test_passthrough_cache_reports_the_cache_ttl(store: Any) -> None:
 
 async def test_passthrough_cache_entries_expire_with_the_primary(store: Any) -> None:
     cached = PassthroughCacheWrapper(primary_key_value=store, cache_key_value=MemoryStore())
-    await cached.put("k", SMALL, ttl=0.5)
+    ttl_seconds = 2.0  # long enough for the write and the read on a loaded machine
+    await cached.put("k", SMALL, ttl=ttl_seconds)
     assert await cached.get("k") == SMALL  # now cached, with the primary's remaining TTL
 
     async def expired() -> bool:
         return await cached.get("k") is None
 
-    await eventually(expired)
+    await eventually(expired, within=ttl_seconds + 8)
 
 
 # -- PydanticAdapter, RaiseOnMissingAdapter -------------------------------------------------------

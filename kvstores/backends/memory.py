@@ -1,7 +1,9 @@
-"""MemoryStore: an in-process store on a cachetools LRU cache.
+"""MemoryStore: an in-process store on an LRU-ordered dict.
 
-Entries live in one :class:`cachetools.LRUCache` keyed by the ``(collection, key)``
-tuple, so different pairs can never collide. Each entry holds the value's encoded JSON
+Entries live in one :class:`collections.OrderedDict` kept in least-recently-used order and
+keyed by the ``(collection, key)`` tuple, so different pairs can never collide (cachetools'
+``LRUCache`` did the same in Python-level calls that cost more than the rest of an atomic
+operation). Each entry holds the value's encoded JSON
 text (so neither the caller's dict nor a returned dict can alias stored data) and its
 expiry time on the monotonic clock.
 
@@ -22,14 +24,16 @@ URL: ``memory://`` (query options, e.g. ``memory://?max_entries=1000``).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from time import monotonic
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from cachetools import Cache, LRUCache
-
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored
+
+if TYPE_CHECKING:
+    from kvstores.signals import Sink, Transport
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "MemoryStore"]
 
@@ -38,6 +42,21 @@ DEFAULT_MAX_ENTRIES = 100_000
 
 _QUERY_OPTIONS = {"max_entries": int, "sweep_interval": float, "default_collection": str}
 _Entry = tuple[str, float | None]  # (encoded value, monotonic expiry or None)
+
+
+class _LRU(OrderedDict[tuple[str, str], _Entry]):
+    """Entries, least recently used first; MemoryStore refreshes and evicts (``maxsize``: the bound)."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__()
+        self.maxsize = maxsize
+
+    def write(self, pair: tuple[str, str], entry: _Entry) -> None:
+        """Store ``entry`` as the most recently used, evicting the least recently used beyond maxsize."""
+        self[pair] = entry
+        self.move_to_end(pair)
+        if len(self) > self.maxsize:
+            self.popitem(last=False)
 
 
 class MemoryStore(BaseStore):
@@ -54,11 +73,13 @@ class MemoryStore(BaseStore):
         sweep_interval: float = 60.0,
         default_collection: str = DEFAULT_COLLECTION,
         batching: bool | None = None,
+        encryption_keys: Sequence[str] | None = None,
     ) -> None:
-        super().__init__(default_collection=default_collection, batching=False)  # whatever it is told
+        # batching off whatever it is told: nothing to coalesce without round trips
+        super().__init__(default_collection=default_collection, batching=False, encryption_keys=encryption_keys)
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
-        self._cache: LRUCache[tuple[str, str], _Entry] = LRUCache(maxsize=max_entries)
+        self._cache = _LRU(max_entries)
         self._sweep_interval = sweep_interval
         self._next_sweep = monotonic() + sweep_interval
 
@@ -77,20 +98,26 @@ class MemoryStore(BaseStore):
         """Always true, even when empty: ``store or default`` (as FastMCP writes) must keep the store."""
         return True
 
+    def _signal_transport(self, sink: Sink) -> Transport:
+        from kvstores.signals._memory import MemoryTransport  # only a store that signals loads it
+
+        return MemoryTransport(self, sink)
+
     def _live(self, collection: str, key: str, now: float) -> _Entry | None:
         """The entry of (collection, key), or None; an expired entry is removed on the way."""
         pair = (collection, key)
         entry = self._cache.get(pair)
-        if entry is not None and entry[1] is not None and entry[1] <= now:
+        if entry is None:
+            return None
+        if entry[1] is not None and entry[1] <= now:
             del self._cache[pair]
             return None
+        self._cache.move_to_end(pair)
         return entry
 
     def _scan(self) -> list[tuple[tuple[str, str], float | None]]:
-        """Every (pair, expiry), read without refreshing LRU order (LRUCache.__getitem__ would)."""
-        peek = Cache.__getitem__
-        cache = self._cache
-        return [(pair, peek(cache, pair)[1]) for pair in cache]
+        """Every (pair, expiry), read without refreshing LRU order."""
+        return [(pair, entry[1]) for pair, entry in self._cache.items()]
 
     def _sweep(self, now: float) -> None:
         for pair, expires in self._scan():
@@ -106,7 +133,7 @@ class MemoryStore(BaseStore):
         now = monotonic()
         if now >= self._next_sweep:
             self._sweep(now)
-        self._cache[collection, key] = (text, None if ttl is None else now + ttl)
+        self._cache.write((collection, key), (text, None if ttl is None else now + ttl))
 
     async def _get_many(self, collection: str, keys: Sequence[str]) -> list[str | None]:
         now = monotonic()
@@ -129,9 +156,9 @@ class MemoryStore(BaseStore):
         if now >= self._next_sweep:
             self._sweep(now)
         expires = None if ttl is None else now + ttl
-        cache = self._cache
+        write = self._cache.write
         for key, text in zip(keys, texts):
-            cache[collection, key] = (text, expires)
+            write((collection, key), (text, expires))
 
     async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
         now = monotonic()
@@ -188,12 +215,11 @@ class MemoryStore(BaseStore):
         else:
             if now >= self._next_sweep:
                 self._sweep(now)
-            self._cache[collection, key] = (text, None if ttl is None else now + ttl)
+            self._cache.write((collection, key), (text, None if ttl is None else now + ttl))
         return True
 
     async def _pop(self, collection: str, key: str) -> str | None:
-        entry = self._live(collection, key, monotonic())
-        if entry is None:
+        entry = self._cache.pop((collection, key), None)  # an expired entry goes too
+        if entry is None or (entry[1] is not None and entry[1] <= monotonic()):
             return None
-        del self._cache[collection, key]
         return entry[0]

@@ -70,18 +70,22 @@ import asyncio
 import inspect
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstores._optional import missing_extra
+from kvstores._urls import redact, redact_text
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import DeserializationError, KVStoreError, StoreConnectionError
+
+if TYPE_CHECKING:
+    from kvstores.signals import Sink, Transport
 
 try:
     from bson import DatetimeMS
     from bson.codec_options import CodecOptions, DatetimeConversion
     from bson.errors import BSONError
     from pymongo import AsyncMongoClient, IndexModel, MongoClient, ReadPreference, ReplaceOne
-    from pymongo.errors import ConnectionFailure, DuplicateKeyError, ExecutionTimeout, PyMongoError
+    from pymongo.errors import ConfigurationError, ConnectionFailure, DuplicateKeyError, ExecutionTimeout, PyMongoError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("pymongo", "mongodb") from exc
 
@@ -180,6 +184,22 @@ def _row(document: dict[str, Any] | None, now_ms: int) -> tuple[str | None, floa
     return text, None if expiry is None else int(expiry) / 1000 - time.time()
 
 
+def _client_of(url: str, milliseconds: int) -> Any:
+    """pymongo's client for ``url``; a URL it refuses is a ValueError naming the URL redacted (its
+    ConfigurationError is no ValueError, and a URL's parser may quote what it could not read)."""
+    try:
+        return AsyncMongoClient(
+            url,
+            timeoutMS=milliseconds,  # bounds the whole operation, pymongo's own retry included
+            serverSelectionTimeoutMS=milliseconds,
+            connectTimeoutMS=milliseconds,
+            socketTimeoutMS=milliseconds,
+            appname="kvstores",
+        )
+    except ConfigurationError as exc:
+        raise ValueError(f"{redact(url)!r}: {redact_text(str(exc), url)}") from None
+
+
 class MongoDBStore(BaseStore):
     """A persistent store in one MongoDB collection, shared by every process that opens it.
 
@@ -201,9 +221,10 @@ class MongoDBStore(BaseStore):
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         default_collection: str = DEFAULT_COLLECTION,
         batching: bool | None = None,
+        encryption_keys: Sequence[str] | None = None,
     ) -> None:
         """Open a store on ``client``: a MongoDB URL, an ``AsyncMongoClient`` or an ``AsyncIOMotorClient``."""
-        super().__init__(default_collection=default_collection, batching=batching)
+        super().__init__(default_collection=default_collection, batching=batching, encryption_keys=encryption_keys)
         if isinstance(client, MongoClient):
             raise TypeError(
                 "MongoDBStore needs an async client: pymongo.AsyncMongoClient or motor's AsyncIOMotorClient"
@@ -212,15 +233,7 @@ class MongoDBStore(BaseStore):
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self._owns_client = isinstance(client, str)
         if isinstance(client, str):
-            milliseconds = int(timeout * 1000)
-            client = AsyncMongoClient(
-                client,
-                timeoutMS=milliseconds,  # bounds the whole operation, pymongo's own retry included
-                serverSelectionTimeoutMS=milliseconds,
-                connectTimeoutMS=milliseconds,
-                socketTimeoutMS=milliseconds,
-                appname="kvstores",
-            )
+            client = _client_of(client, int(timeout * 1000))
         self._client: Any = client
         self._chunk_size = chunk_size
         db = client.get_default_database(DEFAULT_DATABASE) if database is None else client.get_database(database)
@@ -230,6 +243,8 @@ class MongoDBStore(BaseStore):
         )
         self._indexed = False
         self._index_lock = asyncio.Lock()
+        self._index_error: Exception | None = None
+        """Why the last attempt to create the indexes failed (None until one fails)."""
 
     @property
     def database(self) -> str:
@@ -244,13 +259,25 @@ class MongoDBStore(BaseStore):
     # -- connection ------------------------------------------------------------------
 
     async def _ready(self) -> Any:
-        """The entries collection, with its indexes created on first use."""
+        """The entries collection, with its indexes created on first use.
+
+        A call that waited for another call's attempt fails with that attempt's error rather
+        than make its own: while the server is unreachable, each waiter would otherwise try in
+        turn, and the last of N calls would wait N timeouts before its own began.
+        """
         self._check_open()
         if not self._indexed:
+            failed_before = self._index_error
             async with self._index_lock:
                 if not self._indexed:
-                    await self._entries.create_indexes(_INDEXES)
-                    self._indexed = True
+                    if (error := self._index_error) is not failed_before and error is not None:
+                        raise error
+                    try:
+                        await self._entries.create_indexes(_INDEXES)
+                    except Exception as exc:
+                        self._index_error = exc
+                        raise
+                    self._indexed, self._index_error = True, None
         return self._entries
 
     def _server_address(self) -> tuple[str, int] | None:
@@ -260,6 +287,11 @@ class MongoDBStore(BaseStore):
 
     def _holds_connection(self) -> bool:
         return self._owns_client and self._indexed
+
+    def _signal_transport(self, sink: Sink) -> Transport:
+        from kvstores.signals._mongodb import MongoDBTransport  # only a store that signals loads it
+
+        return MongoDBTransport(self, sink, self._entries)
 
     def _translate(self, exc: Exception) -> KVStoreError | None:
         return _translated_error(exc)

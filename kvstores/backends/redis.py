@@ -70,13 +70,16 @@ from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
 from contextvars import ContextVar
-from typing import Any, Final, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import KVStoreError, StoreClosedError, StoreConnectionError
+
+if TYPE_CHECKING:
+    from kvstores.signals import Sink, Transport
 
 try:
     from redis import exceptions as redis_errors
@@ -145,6 +148,20 @@ _T = TypeVar("_T")
 
 _AT_MOST_ONCE: ContextVar[bool] = ContextVar("kvstores_redis_at_most_once", default=False)
 """True while the current task sends a command that must not be retried (see _Retry)."""
+
+
+async def close_client(client: Redis | RedisCluster) -> None:
+    """Close ``client`` and every connection it holds.
+
+    redis-py's ``RedisCluster.aclose()`` closes nothing once a timeout or a connection error has
+    marked the client for re-initialization (until its next command rebuilds the node table): its
+    nodes' sockets would stay open until the garbage collector finds them. A cluster's nodes are
+    closed here whatever that mark says (closing a closed node does nothing).
+    """
+    await client.aclose()
+    if isinstance(client, RedisCluster):
+        await client.nodes_manager.aclose()
+        await client.nodes_manager.aclose("startup_nodes")
 
 
 def _never(error: Exception) -> bool:
@@ -309,9 +326,10 @@ class RedisStore(BaseStore):
         max_connections: int = 50,
         default_collection: str = DEFAULT_COLLECTION,
         batching: bool | None = None,
+        encryption_keys: Sequence[str] | None = None,
         **client_options: Any,
     ) -> None:
-        super().__init__(default_collection=default_collection, batching=batching)
+        super().__init__(default_collection=default_collection, batching=batching, encryption_keys=encryption_keys)
         if not isinstance(prefix, str) or not prefix or "{" in prefix:
             raise ValueError(f"prefix must be a non-empty str without '{{', got {prefix!r}")
         if (url is None) == (client is None):
@@ -329,6 +347,7 @@ class RedisStore(BaseStore):
         self.client = client
         cluster = client if isinstance(client, RedisCluster) else None
         self._gate = _Gate(max_connections if self._owns_client else None, cluster)
+        self.connections = max_connections
         self._heads: dict[str, str] = {}
         self._put_script = client.register_script(_PUT_SCRIPT)
         self._swap_script = client.register_script(_SWAP_SCRIPT)
@@ -382,7 +401,7 @@ class RedisStore(BaseStore):
         # each sentinel is asked once per look-up, the next one on failure: redis-py's default
         # (3 retries with backoff up to 10 s per sentinel) would hold a call for tens of seconds
         sentinel_options.setdefault("retry", Retry(NoBackoff(), 0))
-        self._sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+        self._sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis-py 8.2
         if username:
             options.setdefault("username", unquote(username))
         if has_password:
@@ -401,13 +420,18 @@ class RedisStore(BaseStore):
     def _holds_connection(self) -> bool:
         return self._owns_client and self._gate.used
 
+    def _signal_transport(self, sink: Sink) -> Transport:
+        from kvstores.signals._redis import RedisTransport  # only a store that signals loads it
+
+        return RedisTransport(self, sink, client=self.client, gate=self._gate, prefix=self.prefix)
+
     def _translate(self, exc: Exception) -> KVStoreError | None:
         return _translated_error(exc)
 
     async def _close(self) -> None:
         await self._gate.close(self._timeout)
         if self._owns_client:
-            await self.client.aclose()
+            await close_client(self.client)
             if self._sentinel is not None:
                 await self._sentinel.aclose()
 

@@ -5,7 +5,8 @@ behaviour — JSON values in and out, (collection, key) addressing, per-entry TT
 entries invisible, bulk calls in one round trip, put_many all-or-nothing where the backend
 can do it — and nothing else: no validation, no error translation, no lazy set-up beyond
 opening the connection. It is the floor a store built on that driver can approach, not a
-competitor. Each is defined here once, and every row, sweep and target uses it:
+competitor. Each is defined here once, and named in its backend's row of
+:data:`kvstores.bench._backends.BACKENDS`, which every row, sweep and target reads:
 
 ============  ==================  ===================================================================
 family        name                calls
@@ -34,14 +35,16 @@ mysql         ``asyncmy``         a pool, prepared statements cached: one cursor
                                   value = the value read; expiry from the server clock
 ============  ==================  ===================================================================
 
-py-key-value-aio's store on the same backend (``py-key-value``) is the second baseline where
-it has one (memory, redis, mongodb, postgresql). Each raw baseline keeps its data apart from
-the store's (its own table, key prefix or MongoDB collection) and removes it in ``aclose()``.
+py-key-value-aio's store on the same backend (``py-key-value``, opened by :func:`py_key_value`)
+is the second baseline where it has one (memory, redis, mongodb, postgresql). Each raw baseline
+keeps its data apart from the store's (its own table, key prefix or MongoDB collection) and
+removes it in ``aclose()``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,7 +52,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-__all__ = ["RAW_BASELINES", "baselines", "family", "raw_name"]
+__all__ = [
+    "AiosqliteStore",
+    "AsyncmyStore",
+    "AsyncpgStore",
+    "DictJsonStore",
+    "PymongoStore",
+    "RedisAsyncStore",
+    "aiosqlite_beside",
+    "libpq_url",
+    "py_key_value",
+]
 
 _RAW_NAME = "kvbench_raw"  # table, key prefix or MongoDB collection of the raw baselines
 _REDIS_POOL_SIZE = 50  # RedisStore's default max_connections
@@ -60,15 +73,6 @@ _LIBPQ_OPTIONS = frozenset({"sslmode", "sslcert", "sslkey", "sslrootcert", "sslp
 
 Value = dict[str, Any]
 Update = Callable[[Value | None], Mapping[str, Any] | None]
-
-
-def family(url: str) -> str:
-    """The backend a store URL opens: memory, sqlite, redis, mongodb, postgresql, or the scheme itself."""
-    from kvstores.registry import SCHEMES
-
-    scheme = url.partition("://")[0].lower()
-    target = SCHEMES.get(scheme, "")
-    return target.split(":")[0].rpartition(".")[2] or {"postgres": "postgresql"}.get(scheme, scheme)
 
 
 def _expires(ttl: float | None, clock: float) -> float | None:
@@ -568,7 +572,7 @@ class AsyncpgStore:
     )
 
     def __init__(self, url: str) -> None:
-        self._url = _keep_query(url, _LIBPQ_OPTIONS.__contains__)
+        self._url = libpq_url(url)
         self._pool: Any = None
         self._opening = asyncio.Lock()
 
@@ -883,67 +887,24 @@ class AsyncmyStore:
             await self._pool.wait_closed()
 
 
-def _aiosqlite(url: str, store: Any) -> AiosqliteStore | None:
+def aiosqlite_beside(url: str, store: Any) -> AiosqliteStore | None:
+    """The raw aiosqlite baseline in a file beside ``store``'s (None for a store with no path)."""
     path = getattr(store, "path", None)
     if path is None:
         return None
     return AiosqliteStore(path if path == ":memory:" else f"{path}.{_RAW_NAME}")
 
 
-RAW_BASELINES: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
-    "memory": ("dict+json", lambda url, store: DictJsonStore()),
-    "sqlite": ("aiosqlite", _aiosqlite),
-    "redis": ("redis.asyncio", lambda url, store: RedisAsyncStore(url)),
-    "mongodb": ("pymongo", lambda url, store: PymongoStore(url)),
-    "postgresql": ("asyncpg", lambda url, store: AsyncpgStore(url)),
-    "mysql": ("asyncmy", lambda url, store: AsyncmyStore(url)),
-}
-"""Backend family -> (name, factory of the raw baseline from the store URL and the store under
-test); the SQLite baseline writes a file beside the store's."""
-
-
-def raw_name(kind: str) -> str:
-    """The name of the raw baseline of backend family ``kind`` (the family itself if it has none)."""
-    return RAW_BASELINES[kind][0] if kind in RAW_BASELINES else kind
-
-
-def _py_key_value(kind: str, url: str) -> Any:
-    """py-key-value-aio's store for ``kind`` on ``url``, or None when it has none (or is not installed)."""
+def py_key_value(class_path: str, **options: Any) -> Any:
+    """py-key-value-aio's store ``module:Class`` (in ``key_value.aio.stores``), or None when not installed."""
+    module_name, _, class_name = class_path.partition(":")
     try:
-        if kind == "memory":
-            from key_value.aio.stores.memory import MemoryStore
-
-            return MemoryStore()
-        if kind == "redis":
-            from key_value.aio.stores.redis import RedisStore
-
-            return RedisStore(url=url)
-        if kind == "mongodb":
-            from key_value.aio.stores.mongodb import MongoDBStore
-
-            return MongoDBStore(url=url, db_name="kvbench")
-        if kind == "postgresql":
-            from key_value.aio.stores.postgresql import PostgreSQLStore
-
-            return PostgreSQLStore(url=_keep_query(url, _LIBPQ_OPTIONS.__contains__), table_name="kvbench_pykv")
+        module = importlib.import_module(f"key_value.aio.stores.{module_name}")
     except ImportError:
         return None
-    return None
+    return getattr(module, class_name)(**options)
 
 
-def baselines(url: str, store: Any) -> dict[str, Any]:
-    """The baselines for ``store``, opened from ``url``: name -> store-like object with the benchmarked methods.
-
-    Redis Cluster has no raw baseline.
-    """
-    kind = family(url)
-    found: dict[str, Any] = {}
-    if kind in RAW_BASELINES and not url.startswith("redis+cluster"):
-        name, factory = RAW_BASELINES[kind]
-        raw = factory(url, store)
-        if raw is not None:
-            found[name] = raw
-    theirs = _py_key_value(kind, url)
-    if theirs is not None:
-        found["py-key-value"] = theirs
-    return found
+def libpq_url(url: str) -> str:
+    """A kvstores PostgreSQL ``url`` with only the query options asyncpg understands."""
+    return _keep_query(url, _LIBPQ_OPTIONS.__contains__)

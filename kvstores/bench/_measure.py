@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from time import perf_counter, process_time
 from typing import Any
 
-__all__ = ["RowSkipped", "Scenario", "Settings", "Stats", "measure"]
+__all__ = ["OBJECTS", "STRING", "RowSkipped", "Scenario", "Settings", "Stats", "measure"]
 
 _REFILL_LIMIT = 4  # a refill may take this many times max_batch_seconds
 
@@ -39,6 +39,13 @@ class Settings:
     refill takes over four times as long."""
 
 
+STRING = "string"
+"""The value shape of one long string (every row's unless it says otherwise)."""
+
+OBJECTS = "objects"
+"""The value shape of many small objects."""
+
+
 class RowSkipped(Exception):
     """A scenario was too slow on some contender to measure within the time limits."""
 
@@ -55,6 +62,8 @@ class Scenario:
     """Run untimed before each batch of ``n`` calls (e.g. to create the keys it deletes)."""
     max_calls: int = 200_000
     """Upper bound on the calls of one batch (bounds the data a refill writes)."""
+    shape: str = STRING
+    """The shape of the values: :data:`STRING` or :data:`OBJECTS`."""
 
 
 @dataclass(frozen=True)

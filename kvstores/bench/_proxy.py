@@ -16,18 +16,21 @@ from contextlib import suppress
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from kvstores.bench._backends import bench_backend, family
+
 __all__ = ["LatencyProxy", "proxy_target", "through"]
 
 _CHUNK = 65_536
-_TCP_SCHEMES = frozenset({"redis", "mongodb", "postgresql", "postgres", "mysql", "mariadb"})
-"""Schemes whose URL names the one TCP server the store talks to (so a proxy can stand in for it)."""
 
 
 def proxy_target(url: str) -> tuple[str, int] | str:
-    """The ``(host, port)`` a proxy in front of ``url``'s server forwards to, or why there can be none."""
+    """The ``(host, port)`` a proxy in front of ``url``'s server forwards to, or why there can be none.
+
+    Only a URL of one of its backend's ``tcp_schemes`` (kvstores.bench._backends) names one server.
+    """
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    if scheme not in _TCP_SCHEMES:
+    if scheme not in bench_backend(family(url)).tcp_schemes:
         return f"{scheme}:// is not a plain TCP link to one server (cluster, sentinel, TLS, socket or in-process)"
     if "," in parts.netloc:
         return "the URL names several hosts"
@@ -41,13 +44,12 @@ def proxy_target(url: str) -> tuple[str, int] | str:
 
 
 def through(url: str, port: int) -> str:
-    """``url`` with its host and port replaced by ``127.0.0.1:port`` (a MongoDB URL connects directly)."""
+    """``url`` with its host and port replaced by ``127.0.0.1:port``, and its backend's ``direct_options``
+    (else a driver may follow the address the server reports, past the proxy: pymongo does)."""
     parts = urlsplit(url)
     credentials = parts.netloc.rpartition("@")[0]
     netloc = f"{credentials}@127.0.0.1:{port}" if credentials else f"127.0.0.1:{port}"
-    query = parts.query
-    if parts.scheme.lower() == "mongodb":  # else pymongo follows the server's own address past the proxy
-        query = urlencode([*parse_qsl(query), ("directConnection", "true")])
+    query = urlencode([*parse_qsl(parts.query), *bench_backend(family(url)).direct_options.items()])
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 

@@ -6,19 +6,23 @@ of :data:`SECTIONS`), and :func:`update_markdown` rewrites what is between them 
 document, e.g. ``kvstores bench --load benchmarks/results/bench.json --markdown benchmarks/BENCHMARKS.md``.
 A document fills the sections of its kind only: a ``--batching-latency`` run's the
 ``batching-latency`` section (its rows and its targets), a ``--signals`` run's the ``signals``
-section (likewise), any other run's the others.
+section (likewise), an ``--e2e`` run's the ``e2e`` section (likewise), any other run's the others.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kvstores._optional import missing_extra
+from kvstores.bench._e2e import E2E_GROUP
+from kvstores.bench._measure import STRING
 from kvstores.bench._run import BATCHING_OFF
 from kvstores.bench._scenarios import size_label
 from kvstores.bench._signals import SIGNALS_GROUP
+from kvstores.bench._tasks import TASKS_COLUMNS, TASKS_GROUP, tasks_lines
 
 __all__ = ["SECTIONS", "markdown_sections", "misses", "plot", "print_tables", "update_markdown"]
 
@@ -47,8 +51,25 @@ _SIGNALS_COLUMNS = (
     "duplicated",
     "errors on A",
 )
+_E2E_COLUMNS = (
+    "store",
+    "sessions",
+    "FastMCP calls/s",
+    "durable calls/s",
+    "ratio",
+    "p50 ms",
+    "p99 ms",
+    "p99 ratio",
+    "server CPU ms/call",
+    "calls/s per round (F; D)",
+)
 _BATCHING = "batching"  # the group of the batching-through-latency rows
-_OWN_SECTIONS = (_BATCHING, SIGNALS_GROUP)  # groups whose rows and targets have a section of their own
+_OWN_SECTIONS = (
+    _BATCHING,
+    SIGNALS_GROUP,
+    E2E_GROUP,
+    TASKS_GROUP,
+)  # groups whose rows and targets have a section of their own
 _TEXT = frozenset({"worst row", "met"})
 
 
@@ -58,7 +79,7 @@ def _operation(row: dict[str, Any]) -> str:
 
 def _cells(row: dict[str, Any], baselines: list[str]) -> list[str]:
     """A row's cells under :data:`_COLUMNS` and one ``vs`` column per baseline."""
-    cells = [_operation(row), size_label(row["value_bytes"]), str(row["concurrency"])]
+    cells = [_operation(row), size_label(row["value_bytes"], row.get("shape", STRING)), str(row["concurrency"])]
     if "skipped" in row:
         return [*cells, f"skipped: {row['skipped']}", *[""] * (len(_COLUMNS) - 4 + len(baselines))]
     ours = row["contenders"]["kvstores"]
@@ -97,6 +118,35 @@ def _signals_lines(row: dict[str, Any]) -> list[list[str]]:
             lines.append([*cells, name, error, *[""] * 6])
     lines += [[*cells, "", failure, *[""] * (len(_SIGNALS_COLUMNS) - 5)] for failure in row.get("failures", [])]
     return lines
+
+
+def _e2e_cells(row: dict[str, Any]) -> list[str]:
+    """An ``--e2e`` row under :data:`_E2E_COLUMNS`: FastMCP's app (F) -> durable sessions (D), medians of the rounds."""
+    replicas = row.get("replicas", 1)
+    cells = [f"{row['backend']}" + (f" x{replicas} (HAProxy)" if replicas > 1 else ""), str(row["concurrency"])]
+    if "skipped" in row:
+        return [*cells, f"skipped: {row['skipped'].splitlines()[0]}", *[""] * (len(_E2E_COLUMNS) - 3)]
+    ours, theirs = row["contenders"]["kvstores"], row["contenders"]["fastmcp"]
+
+    def pair(metric: str, scale: float, digits: int) -> str:
+        if metric not in ours or metric not in theirs:
+            return "-"
+        return f"{theirs[metric] / scale:,.{digits}f} → {ours[metric] / scale:,.{digits}f}"
+
+    rounds = "; ".join(
+        ", ".join(f"{r['ops_per_second']:,.0f}" for r in figures["rounds"]) for figures in (theirs, ours)
+    )
+    return [
+        *cells,
+        f"{theirs['ops_per_second']:,.0f}",
+        f"{ours['ops_per_second']:,.0f}",
+        f"{row['ratios']['fastmcp']:.2f}x",
+        pair("p50_us", 1e3, 1),
+        pair("p99_us", 1e3, 1),
+        f"{theirs['p99_us'] / ours['p99_us']:.2f}x",
+        pair("cpu_us", 1e3, 2),
+        rounds,
+    ]
 
 
 def _group(rows: list[dict[str, Any]], group: str) -> list[dict[str, Any]]:
@@ -173,13 +223,38 @@ def _console() -> Any:
     return console if console.is_terminal else Console(width=160)
 
 
+def _print_per_url(
+    console: Any,
+    rows: list[dict[str, Any]],
+    title: Callable[[str, list[dict[str, Any]]], str],
+    columns: Sequence[str],
+    lines: Callable[[dict[str, Any]], list[list[str]]],
+    *,
+    text: tuple[str, ...] = ("operation",),
+) -> None:
+    """One table per target URL of ``rows``: ``lines`` gives each row's lines under ``columns`` (``text`` ones
+    align left)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    for url, (mine, _) in _by_url(rows).items():
+        table = Table(title=title(url, mine), title_justify="left")
+        for column in columns:
+            table.add_column(column, justify="left" if column in text else "right")
+        for row in mine:
+            for line in lines(row):
+                table.add_row(*(escape(cell) for cell in line))
+        console.print(table)
+
+
 def print_tables(rows: list[dict[str, Any]], targets: list[dict[str, Any]]) -> None:
     """Print one table per target URL (ours, then each baseline's ratio), then the targets and every miss."""
     from rich.markup import escape
     from rich.table import Table
 
     console = _console()
-    signals = _group(rows, SIGNALS_GROUP)
+    signals, tasks = _group(rows, SIGNALS_GROUP), _group(rows, TASKS_GROUP)
+    end_to_end = _group(rows, E2E_GROUP)
     latency, rows = _split(rows)
     for url, (mine, baselines) in _by_url(rows).items():
         table = Table(title=f"kvstores bench {url}", title_justify="left")
@@ -188,23 +263,43 @@ def print_tables(rows: list[dict[str, Any]], targets: list[dict[str, Any]]) -> N
         for row in mine:
             table.add_row(*(escape(cell) for cell in _cells(row, baselines)))
         console.print(table)
-    for url, (mine, _) in _by_url(latency).items():
-        title = f"kvstores bench --batching-latency {url} (round times; on/off above 1: batching on is slower)"
-        table = Table(title=title, title_justify="left")
-        for column in _BATCHING_COLUMNS:
-            table.add_column(column, justify="left" if column == "operation" else "right")
-        for row in mine:
-            table.add_row(*(escape(cell) for cell in _batching_cells(row)))
-        console.print(table)
-    for url, (mine, _) in _by_url(signals).items():
-        title = f"kvstores bench --signals {url} (store -> follower on another replica; {mine[0].get('replicas')})"
-        table = Table(title=title, title_justify="left")
-        for column in _SIGNALS_COLUMNS:
-            table.add_column(column, justify="left" if column in ("operation", "contender") else "right")
-        for row in mine:
-            for line in _signals_lines(row):
-                table.add_row(*(escape(cell) for cell in line))
-        console.print(table)
+    _print_per_url(
+        console,
+        latency,
+        lambda url, _: f"kvstores bench --batching-latency {url} (round times; on/off above 1: batching on is slower)",
+        _BATCHING_COLUMNS,
+        lambda row: [_batching_cells(row)],
+    )
+    _print_per_url(
+        console,
+        signals,
+        lambda url, mine: (
+            f"kvstores bench --signals {url} (store -> follower on another replica; {mine[0].get('replicas')})"
+        ),
+        _SIGNALS_COLUMNS,
+        _signals_lines,
+        text=("operation", "contender"),
+    )
+    _print_per_url(
+        console,
+        end_to_end,
+        lambda url, _: (
+            f"kvstores bench --e2e {url} (FastMCP's own app → kvstores.sessions.http_app; above 1x: durable better)"
+        ),
+        _E2E_COLUMNS,
+        lambda row: [_e2e_cells(row)],
+        text=("store",),
+    )
+    _print_per_url(
+        console,
+        tasks,
+        lambda url, _: (
+            f"kvstores bench --tasks {url} (through a server process; ratios: kvstores tasks/s ÷ the contender's)"
+        ),
+        TASKS_COLUMNS,
+        tasks_lines,
+        text=("operation", "contender"),
+    )
     limits = [result for result in targets if "maximum" in result]
     targets = [result for result in targets if "maximum" not in result]
     if limits:
@@ -308,25 +403,48 @@ def _batching_markdown(rows: list[dict[str, Any]], targets: list[dict[str, Any]]
     return "\n\n".join([*parts, judged])
 
 
+def _e2e_markdown(rows: list[dict[str, Any]], targets: list[dict[str, Any]]) -> str:
+    lines = [[cell.replace("|", "\\|") for cell in _e2e_cells(row)] for row in rows]
+    judged = _targets_markdown(targets, "Missed:") if targets else "No target was judged (no row was measured)."
+    return "\n\n".join([_table(list(_E2E_COLUMNS), lines, 1), judged])
+
+
 def _signals_markdown(rows: list[dict[str, Any]], limits: list[dict[str, Any]]) -> str:
     parts = []
     for url, (mine, _) in _by_url(rows).items():
         lines = [[cell.replace("|", "\\|") for cell in line] for row in mine for line in _signals_lines(row)]
         parts.append(f"#### `{url}` ({mine[0].get('replicas')})\n\n" + _table(list(_SIGNALS_COLUMNS), lines, 4))
+    parts.append(_limits_markdown(limits) if limits else "No target was judged (no row was measured).")
+    return "\n\n".join(parts)
+
+
+def _limits_markdown(limits: list[dict[str, Any]]) -> str:
+    """The judged limits as a markdown table, and the misses."""
+    lines = [
+        [cell.replace("|", "\\|") for cell in [*_limit_cells(result), "yes" if result["met"] else "**no**"]]
+        for result in limits
+    ]
+    for line in lines:
+        line[1] = f"`{line[1]}`"
+    judged = _table(["target", "target URL", "needs", "worst", "worst row", "rows", "met"], lines, 2)
+    missed = misses(limits)
+    if missed:
+        judged += "\n\nMissed:\n\n" + "\n".join(f"- {line}" for line in missed)
+    return judged
+
+
+def _tasks_markdown(rows: list[dict[str, Any]], judged: list[dict[str, Any]]) -> str:
+    parts = []
+    for url, (mine, _) in _by_url(rows).items():
+        lines = [[cell.replace("|", "\\|") for cell in line] for row in mine for line in tasks_lines(row)]
+        parts.append(f"#### `{url}`\n\n" + _table(list(TASKS_COLUMNS), lines, 3))
+    limits = [result for result in judged if "maximum" in result]
+    ratios = [result for result in judged if "maximum" not in result]
+    if ratios:
+        parts.append(_targets_markdown(ratios, "Missed:"))
     if limits:
-        lines = [
-            [cell.replace("|", "\\|") for cell in [*_limit_cells(result), "yes" if result["met"] else "**no**"]]
-            for result in limits
-        ]
-        for line in lines:
-            line[1] = f"`{line[1]}`"
-        header = ["target", "target URL", "needs", "worst", "worst row", "rows", "met"]
-        judged = _table(header, lines, 2)
-        missed = misses(limits)
-        if missed:
-            judged += "\n\nMissed:\n\n" + "\n".join(f"- {line}" for line in missed)
-        parts.append(judged)
-    else:
+        parts.append(_limits_markdown(limits))
+    if not judged:
         parts.append("No target was judged (no row was measured).")
     return "\n\n".join(parts)
 
@@ -334,11 +452,13 @@ def _signals_markdown(rows: list[dict[str, Any]], limits: list[dict[str, Any]]) 
 def markdown_sections(document: dict[str, Any]) -> dict[str, str]:
     """BENCHMARKS.md's generated sections that ``document`` fills, by name."""
     signals = _group(document["rows"], SIGNALS_GROUP)
+    end_to_end = _group(document["rows"], E2E_GROUP)
     latency, rows = _split(document["rows"])
+    tasks_run = any(row["group"] == TASKS_GROUP for row in document["rows"])
     batching_targets = [result for result in document["targets"] if result.get("group") == _BATCHING]
     own = [result for result in document["targets"] if result.get("group") in _OWN_SECTIONS]
     sections = {}
-    if rows or not (latency or signals):
+    if rows or not (latency or signals or end_to_end or tasks_run):
         sections = {
             "targets": _targets_markdown([result for result in document["targets"] if result not in own]),
             "results": _results_markdown(rows),
@@ -349,10 +469,17 @@ def markdown_sections(document: dict[str, Any]) -> dict[str, str]:
     if signals:
         limits = [result for result in document["targets"] if result.get("group") == SIGNALS_GROUP]
         sections["signals"] = _signals_markdown(signals, limits)
+    if end_to_end:
+        judged = [result for result in document["targets"] if result.get("group") == E2E_GROUP]
+        sections["e2e"] = _e2e_markdown(end_to_end, judged)
+    tasks = _group(document["rows"], TASKS_GROUP)
+    if tasks:
+        judged = [result for result in document["targets"] if result.get("group") == TASKS_GROUP]
+        sections["tasks"] = _tasks_markdown(tasks, judged)
     return sections
 
 
-SECTIONS = ("targets", "results", "concurrency", "batching-latency", "signals")
+SECTIONS = ("targets", "results", "concurrency", "batching-latency", "signals", "e2e", "tasks")
 """The names of the generated sections, in page order."""
 
 

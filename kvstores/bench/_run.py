@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvstores._urls import redact_text
-from kvstores.bench._baselines import baselines, family
-from kvstores.bench._measure import RowSkipped, Scenario, Settings, measure
+from kvstores.bench._backends import baselines, bench_backend, family
+from kvstores.bench._measure import OBJECTS, STRING, RowSkipped, Scenario, Settings, measure
 from kvstores.bench._otel import otel_contenders
 from kvstores.bench._proxy import LatencyProxy, proxy_target, through
 from kvstores.bench._scenarios import (
@@ -39,8 +39,10 @@ from kvstores.bench._scenarios import (
     key_space,
     kv_scenarios,
     replay_subject,
+    size_label,
     value_of,
 )
+from kvstores.bench._sealing import SEALED_COLLECTION, sealed_contenders
 from kvstores.registry import open_store
 
 __all__ = ["BATCHING_OFF", "LatencyPlan", "Plan", "Progress", "run_batching_latency", "run_target"]
@@ -54,6 +56,7 @@ class Plan:
     """What one run measures."""
 
     value_sizes: tuple[int, ...]
+    """Sizes of the long-string values."""
     concurrencies: tuple[int, ...]
     settings: Settings
     compare: bool
@@ -68,6 +71,8 @@ class Plan:
     scaling_value_sizes: tuple[int, ...] = ()
     scaling_concurrencies: tuple[int, ...] = ()
     """Concurrent tasks of the concurrency sweep (every contender, get and put of 100 B)."""
+    object_sizes: tuple[int, ...] = ()
+    """Sizes of the many-small-objects values, measured like ``value_sizes``."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,7 @@ def _describe(target: _Target, group: str, scenario: Scenario) -> dict[str, Any]
         "group": group,
         "operation": scenario.operation,
         "value_bytes": scenario.value_bytes,
+        "shape": scenario.shape,
         "concurrency": scenario.concurrency,
     }
 
@@ -147,9 +153,14 @@ async def _row(
 
 
 async def _populate(
-    store: Any, names: list[str], value: dict[str, Any], collection: str = COLLECTION, chunk: int = 100
+    store: Any,
+    names: list[str],
+    value: dict[str, Any],
+    collection: str = COLLECTION,
+    chunk: int = 100,
+    size: int = 100,
 ) -> None:
-    step = max(1, min(chunk, _LOAD_BYTES // max(1, len(value["data"]))))
+    step = max(1, min(chunk, _LOAD_BYTES // size))
     for start in range(0, len(names), step):
         part = names[start : start + step]
         await store.put_many(part, [value] * len(part), collection=collection)
@@ -282,20 +293,42 @@ async def _otel_rows(target: _Target, store: Any, plan: Plan, progress: Progress
     return [await _row(target, "otel", scenario, contenders, plan, progress) for scenario in scenarios]
 
 
+async def _encryption_rows(
+    target: _Target, url: str, store: Any, plan: Plan, progress: Progress
+) -> list[dict[str, Any]]:
+    """get and put of 100 B by one task with and without encryption keys, on networked backends
+    (kvstores.bench._sealing)."""
+    if not bench_backend(target.backend).tcp_schemes:
+        return []
+    contenders = sealed_contenders(url, store)
+    try:
+        await _populate(store, key_space(100), value_of(100))
+        await _populate(contenders["kvstores"].store, key_space(100), value_of(100), SEALED_COLLECTION)
+        # a sealed value differs on every put (a fresh nonce); the unsealed side's puts change their rows too,
+        # where a rewrite of the same value would be nearly free (MariaDB leaves an unchanged row alone)
+        scenarios = kv_scenarios(100, 1, ("get", "put"), changing=True)
+        progress.start(f"{target.label} encryption", len(scenarios) * len(contenders) * (plan.settings.rounds + 1))
+        return [await _row(target, "encryption", scenario, contenders, plan, progress) for scenario in scenarios]
+    finally:
+        await contenders["kvstores"].aclose()
+
+
 async def _main_rows(
     target: _Target, contenders: dict[str, Any], plan: Plan, progress: Progress
 ) -> list[dict[str, Any]]:
     rows = []
-    for size in plan.value_sizes:
-        scenarios = [scenario for tasks in plan.concurrencies for scenario in kv_scenarios(size, tasks)]
+    for size, shape in [(size, STRING) for size in plan.value_sizes] + [(size, OBJECTS) for size in plan.object_sizes]:
+        scenarios = [scenario for tasks in plan.concurrencies for scenario in kv_scenarios(size, tasks, shape=shape)]
         try:
             for store in contenders.values():
-                await _populate(store, key_space(size), value_of(size))
+                await _populate(store, key_space(size), value_of(size, shape), size=size)
         except Exception as exc:  # the size's rows cannot run; the other sizes still may
             failed = f"failed: writing the key space: {exc!r}"
             rows += [{**_describe(target, "kv", scenario), "skipped": failed} for scenario in scenarios]
             continue
-        progress.start(f"{target.label} {size:,} B", len(scenarios) * len(contenders) * (plan.settings.rounds + 1))
+        progress.start(
+            f"{target.label} {size_label(size, shape)}", len(scenarios) * len(contenders) * (plan.settings.rounds + 1)
+        )
         for scenario in scenarios:
             rows.append(await _row(target, "kv", scenario, contenders, plan, progress))
     return rows
@@ -352,7 +385,7 @@ async def _size_sweeps(target: _Target, url: str, plan: Plan, progress: Progress
                 result["collection_size"].append({**row, "load_seconds": round(load_seconds, 2)})
         await store.destroy_collection(SCALE_COLLECTION)
         for size in plan.scaling_value_sizes:
-            await _populate(store, key_space(size), value_of(size))
+            await _populate(store, key_space(size), value_of(size), size=size)
             progress.start(f"{target.label} scaling: {size:,} B", ticks)
             scenarios = [("value_bytes", size, scenario) for scenario in kv_scenarios(size, 1, ("get", "put"))]
             result["value_size"] += await _sweep(target, store, scenarios, plan, progress)
@@ -393,6 +426,7 @@ async def run_target(
             rows += await _atomic_rows(target, contenders, plan, progress)
         if plan.compare:
             rows += await _otel_rows(target, store, plan, progress)
+            rows += await _encryption_rows(target, url, store, plan, progress)
         if plan.events:
             rows += await _event_rows(target, store, contenders, plan, progress)
         if plan.scaling:

@@ -2,7 +2,11 @@
 
 Key-value scenarios (every contender gets the same calls):
 
-- values are ``{"data": "xxx..."}`` whose compact JSON is the row's value size;
+- values come in two shapes: long strings, ``{"data": "xxx..."}`` whose compact JSON is the
+  row's value size, and many small objects (the rows marked ``objects``), ``{"items": [{"id": i,
+  "name": f"item-{i}", "tags": ["a", "b"], "score": i * 0.5}, ...]}`` with 14,000 objects per
+  1 MB of the row's size (compact JSON of about 63 bytes each), like a tool result: cheap and
+  costly to encode;
 - reads and overwrites cycle over a key space populated before the size's rows run
   (200 keys, so two distinct bulk batches; 16 keys for values of 1 MB and more);
 - ``get``, ``ttl``, ``put`` (no TTL) and ``put_ttl`` (TTL of one hour) touch one key;
@@ -33,10 +37,11 @@ therefore round times, and its ops/s rounds per second.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from typing import Any
 
-from kvstores.bench._measure import Scenario
+from kvstores.bench._measure import OBJECTS, STRING, Scenario
 
 __all__ = [
     "ATOMIC_OPERATIONS",
@@ -102,23 +107,31 @@ ATOMIC_OPERATIONS = ("put_if_absent", "pop", "update")
 ATOMIC_VALUE_BYTES = 100
 """Value size of the atomic-operation rows."""
 
+_OBJECTS_PER_MB = 14_000
+
 _LARGE = 1_000_000  # values this size and above use a small key space and no bulk rows
 _REFILL_BYTES = 16_000_000  # data one delete_many batch may (re)write before it runs
 
 
-def value_of(size: int) -> dict[str, Any]:
-    """A value whose compact JSON encoding is ``size`` bytes (at least 11)."""
-    return {"data": "x" * max(0, size - 11)}
+def value_of(size: int, shape: str = STRING, *, other: bool = False) -> dict[str, Any]:
+    """A value of ``size`` bytes: one string whose compact JSON is that long (at least 11), or small objects;
+    ``other``: a different value of exactly the same length."""
+    if shape == OBJECTS:
+        count = size * _OBJECTS_PER_MB // 1_000_000
+        tags = ["c", "d"] if other else ["a", "b"]
+        return {"items": [{"id": i, "name": f"item-{i}", "tags": tags, "score": i * 0.5} for i in range(count)]}
+    return {"data": ("y" if other else "x") * max(0, size - 11)}
 
 
-def size_label(value_bytes: int | None) -> str:
-    """A value size in words: ``100 B``, ``10 KB``, ``1 MB``; ``-`` for rows without values."""
+def size_label(value_bytes: int | None, shape: str = STRING) -> str:
+    """A value size in words: ``100 B``, ``10 KB``, ``1 MB``, ``1 MB objects``; ``-`` for rows without values."""
     if value_bytes is None:
         return "-"
+    marked = "" if shape == STRING else f" {shape}"
     for unit, scale in (("MB", 1_000_000), ("KB", 1_000)):
         if value_bytes >= scale:
-            return f"{value_bytes / scale:g} {unit}"
-    return f"{value_bytes} B"
+            return f"{value_bytes / scale:g} {unit}{marked}"
+    return f"{value_bytes} B{marked}"
 
 
 def key_space(size: int) -> list[str]:
@@ -126,11 +139,34 @@ def key_space(size: int) -> list[str]:
     return [f"k{i}" for i in range(16 if size >= _LARGE else 200)]
 
 
-def kv_scenarios(size: int, concurrency: int, operations: tuple[str, ...] = KV_OPERATIONS) -> list[Scenario]:
-    """The key-value rows for one value size and concurrency, over the populated :func:`key_space`."""
-    value = value_of(size)
+def kv_scenarios(
+    size: int,
+    concurrency: int,
+    operations: tuple[str, ...] = KV_OPERATIONS,
+    shape: str = STRING,
+    *,
+    changing: bool = False,
+) -> list[Scenario]:
+    """The key-value rows for one value size, shape and concurrency, over the populated :func:`key_space`.
+
+    ``changing``: each ``put`` writes the value its row does not hold (two values of one length, in
+    turn per contender and key, the row populated with the first), so that every put changes its
+    row; otherwise a put rewrites the value already there.
+    """
+    value = value_of(size, shape)
     names = key_space(size)
     count = len(names)
+    turns = (value_of(size, shape, other=True), value)
+    written: dict[tuple[int, str], int] = {}  # (contender, key): the index in turns of the last put
+
+    def changed(store: Any, name: str) -> dict[str, Any]:
+        turn = written[id(store), name] = 1 - written.get((id(store), name), 1)
+        return turns[turn]
+
+    def put(store: Any, i: int) -> Any:
+        name = names[i % count]
+        return store.put(name, changed(store, name) if changing else value, collection=COLLECTION)
+
     batches = [names[start : start + BATCH] for start in range(0, count - BATCH + 1, BATCH)]
     values = [value] * BATCH
     doomed: list[list[str]] = []  # delete_many's batches, rewritten before each run
@@ -142,7 +178,7 @@ def kv_scenarios(size: int, concurrency: int, operations: tuple[str, ...] = KV_O
 
     every = {
         "get": Scenario("get", size, concurrency, lambda s, i: s.get(names[i % count], collection=COLLECTION)),
-        "put": Scenario("put", size, concurrency, lambda s, i: s.put(names[i % count], value, collection=COLLECTION)),
+        "put": Scenario("put", size, concurrency, put),
         "put_ttl": Scenario(
             "put_ttl", size, concurrency, lambda s, i: s.put(names[i % count], value, collection=COLLECTION, ttl=TTL)
         ),
@@ -168,7 +204,7 @@ def kv_scenarios(size: int, concurrency: int, operations: tuple[str, ...] = KV_O
                 max_calls=max(1, min(200, _REFILL_BYTES // (BATCH * size))),
             ),
         }
-    return [every[operation] for operation in operations if operation in every]
+    return [dataclasses.replace(every[operation], shape=shape) for operation in operations if operation in every]
 
 
 def atomic_scenarios(concurrency: int) -> list[Scenario]:

@@ -51,7 +51,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstores._urls import redact_text
-from kvstores.bench._baselines import _LIBPQ_OPTIONS, RedisAsyncStore, _keep_query, family
+from kvstores.bench._backends import bench_backend, family
+from kvstores.bench._baselines import RedisAsyncStore, _keep_query, libpq_url
 from kvstores.registry import open_store
 
 __all__ = [
@@ -287,7 +288,7 @@ async def _persist_store(url: str, prefix: str, pool_size: int) -> _Persist:
     import asyncpg
     from mcp_persist.postgres import PostgresEventStore
 
-    pool = await asyncpg.create_pool(_keep_query(url, _LIBPQ_OPTIONS.__contains__), min_size=1, max_size=pool_size)
+    pool = await asyncpg.create_pool(libpq_url(url), min_size=1, max_size=pool_size)
     events = PostgresEventStore(pool, table_name=_PERSIST_TABLE, ttl=600, enable_streaming=True)
     await events.initialize()
     return _Persist(events, pool, redis=False)
@@ -656,7 +657,7 @@ def _contenders(url: str) -> dict[str, dict[str, str]]:
     import importlib.util
 
     follow = {"kvstores": "follow"}
-    if family(url) in ("redis", "postgresql") and importlib.util.find_spec("mcp_persist") is not None:
+    if bench_backend(family(url)).mcp_persist and importlib.util.find_spec("mcp_persist") is not None:
         follow[MCP_PERSIST] = MCP_PERSIST
     return {"signal": {"kvstores": "signal"}, "follow": follow}
 

@@ -12,8 +12,8 @@ A :class:`Limit` is a target without a baseline: a figure of kvstores' own that 
 a bound in every row it covers (the ``--signals`` rows: p99 delivery latency per backend, and
 no lost or duplicated event). It is judged whenever its rows are in the run.
 
-To add a target, add a :class:`Target` or a :class:`Limit` to :data:`TARGETS`; to add a
-baseline, see :mod:`kvstores.bench._baselines`.
+To add a target of every backend, add a :class:`Target` or a :class:`Limit` to :data:`TARGETS`;
+a backend's own targets and bounds are in its row of :data:`kvstores.bench._backends.BACKENDS`.
 """
 
 from __future__ import annotations
@@ -22,25 +22,39 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from kvstores.bench._baselines import raw_name
+from kvstores.bench._backends import BACKENDS, raw_name
+from kvstores.bench._e2e import E2E_GROUP, E2E_OPERATION
+from kvstores.bench._measure import STRING
 from kvstores.bench._otel import NO_API
 from kvstores.bench._run import BATCHING_OFF
 from kvstores.bench._scenarios import (
     ATOMIC_OPERATIONS,
     BATCHING_OPERATIONS,
     BATCHING_VALUE_BYTES,
-    KV_OPERATIONS,
-    SINGLE_OPERATIONS,
     size_label,
 )
+from kvstores.bench._sealing import NO_ENCRYPTION
 from kvstores.bench._signals import SIGNALS_GROUP
+from kvstores.bench._tasks import DOCKET, OPERATION, TASKS_GROUP
 
-__all__ = ["BATCHING_TOLERANCE", "RAW", "SIGNAL_LIMITS", "TARGETS", "Limit", "Target", "evaluate", "row_label"]
+__all__ = [
+    "BATCHING_TOLERANCE",
+    "RAW",
+    "SIGNAL_LIMITS",
+    "TARGETS",
+    "TASK_PICKUP_P50_MS",
+    "TASK_TARGETS",
+    "Limit",
+    "Target",
+    "evaluate",
+    "row_label",
+]
 
 RAW = "raw"
 """As a target's baseline: the raw driver of each row's backend (``aiosqlite``, ``redis.asyncio``...)."""
 
-_LOWER_IS_BETTER = frozenset({"p50_us", "p99_us", "cpu_us"})
+_LOWER_IS_BETTER = frozenset({"p50_us", "p99_us", "cpu_us", "submit_to_start_p50_ms"})
+_FLOOR = 1e-3  # a lower-is-better figure of 0 counts as this much
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,8 @@ class Target:
     """Only rows spread over this many collections (None: any)."""
     every_row: bool = False
     """Judge the worst row rather than the median: every row must reach ``minimum``."""
+    shape: str | None = None
+    """Only rows whose values have this shape (None: any)."""
 
     def covers(self, row: dict[str, Any]) -> bool:
         """True if ``row`` is one of this target's rows (measured or skipped)."""
@@ -77,6 +93,7 @@ class Target:
             and (self.value_bytes is None or row["value_bytes"] == self.value_bytes)
             and (self.concurrency is None or row["concurrency"] == self.concurrency)
             and (self.collections is None or row.get("collections") == self.collections)
+            and (self.shape is None or row.get("shape", STRING) == self.shape)
         )
 
     def baseline_of(self, backend: str) -> str:
@@ -91,7 +108,9 @@ class Target:
         if self.metric == "ops_per_second":
             return float(row["ratios"][baseline])  # the figure the row shows
         ours, theirs = contenders["kvstores"][self.metric], contenders[baseline][self.metric]
-        return float(theirs / ours if self.metric in _LOWER_IS_BETTER else ours / theirs)
+        if self.metric in _LOWER_IS_BETTER:
+            return float(max(theirs, _FLOOR) / max(ours, _FLOOR))
+        return float(ours / theirs)
 
 
 @dataclass(frozen=True)
@@ -110,6 +129,8 @@ class Limit:
     """Backend family the rows come from; None: every backend, each judged on its own."""
     paced_only: bool = False
     """Only the rows sent at a set ``rate`` (a latency), not the back-to-back bursts (a throughput)."""
+    concurrency: int | None = None
+    """Only rows with this many concurrent tasks (None: every concurrency)."""
 
     def covers(self, row: dict[str, Any]) -> bool:
         """True if ``row`` is one of this limit's rows (measured or skipped)."""
@@ -118,6 +139,7 @@ class Limit:
             and row["operation"] in self.operations
             and (self.backend is None or row["backend"] == self.backend)
             and (not self.paced_only or row.get("rate") is not None)
+            and (self.concurrency is None or row["concurrency"] == self.concurrency)
         )
 
     def value(self, row: dict[str, Any]) -> float | None:
@@ -127,17 +149,6 @@ class Limit:
             return None
         return float(sum(ours[metric] for metric in self.metrics))
 
-
-_SIGNAL_P99_MS = (
-    ("memory", 50.0),
-    ("sqlite", 100.0),
-    ("redis", 50.0),
-    ("postgresql", 50.0),
-    ("mongodb", 250.0),
-    ("mysql", 100.0),
-)
-"""Cross-replica delivery p99 per backend (issue 22). memory is not in the issue (the in-process
-floor); MySQL/MariaDB is polled like SQLite, so it takes SQLite's bound."""
 
 _SIGNAL_OPERATIONS = ("signal", "follow")
 
@@ -152,7 +163,8 @@ SIGNAL_LIMITS = (
             backend=backend,
             paced_only=True,
         )
-        for backend, bound in _SIGNAL_P99_MS
+        for backend, bound in ((name, row.signal_p99_ms) for name, row in BACKENDS.items())
+        if bound is not None
     ),
     Limit(
         "{store} signal and follow: no lost or duplicated event",
@@ -164,14 +176,48 @@ SIGNAL_LIMITS = (
 )
 """The ``--signals`` targets."""
 
-_BATCHING_MINIMUMS = (
-    ("redis", 0.9, 3.0, 2.0),
-    ("sqlite", 0.8, 2.0, 3.0),
-    ("mongodb", 0.85, 1.5, 1.5),
-    ("postgresql", 0.85, 2.0, 2.0),
-    ("mysql", 0.85, 2.0, 2.0),
+TASK_PICKUP_P50_MS = {"postgresql": 10.0, "mysql": 10.0, "sqlite": 100.0, "mongodb": 100.0}
+"""The ``--tasks`` bound on the p50 pickup latency (acknowledgement to the tool's start) per backend, judged
+with one submitter (with more than the server's worker slots, a pickup includes the wait for a free
+slot); Redis is judged against Docket instead."""
+
+TASK_TARGETS: tuple[Target | Limit, ...] = (
+    Target(
+        "{store} tasks/s vs {baseline} (Docket) on Redis",
+        DOCKET,
+        1.0,
+        (OPERATION,),
+        TASKS_GROUP,
+        "redis",
+        every_row=True,
+    ),
+    Target(
+        "{store} submit-to-start p50 vs {baseline} (Docket) on Redis (its ÷ ours)",
+        DOCKET,
+        1.0,
+        (OPERATION,),
+        TASKS_GROUP,
+        "redis",
+        metric="submit_to_start_p50_ms",
+        every_row=True,
+    ),
+    *(
+        Limit(
+            f"{{store}} pickup p50 <= {bound:g} ms, 1 submitter ({{backend}})",
+            ("pickup_p50_ms",),
+            bound,
+            "ms",
+            (OPERATION,),
+            group=TASKS_GROUP,
+            backend=backend,
+            concurrency=1,
+        )
+        for backend, bound in TASK_PICKUP_P50_MS.items()
+    ),
 )
-"""Opportunistic batching: (backend, 1 caller get/put, 64 callers get, 64 callers put) minimum ratios."""
+"""The ``--tasks`` targets: on Redis at least Docket's tasks/s and at most its submit-to-start p50 in every
+row (its pickup from the acknowledgement is negative: :mod:`kvstores.bench._tasks`); elsewhere a bound on
+the pickup p50."""
 
 BATCHING_TOLERANCE = 1.05
 """How much longer than with batching off a round may take with batching on and still meet its
@@ -184,25 +230,36 @@ def _spread(callers: int, collections: int) -> str:
     return f"{callers} caller{'s' * (callers != 1)} over {collections} collection{'s' * (collections != 1)}"
 
 
-_BATCHING_SHAPES = tuple((callers, count) for callers in (1, 64) for count in (1, 4, 32))
-"""(callers, collections) of the batching-through-latency targets (issue 21 §5)."""
+_BATCHING_SHAPES = tuple((callers, count) for callers in (1, 8, 64) for count in (1, 4, 32))
+"""(callers, collections) of the batching-through-latency targets (issue 21 §5; 8 callers, fewer than a
+pool's connections: issue 31)."""
 
 TARGETS: tuple[Target | Limit, ...] = (
-    Target("{store} vs py-key-value MemoryStore, 100 B", "py-key-value", 10.0, KV_OPERATIONS, "kv", "memory", 100),
-    Target("{store} vs py-key-value MemoryStore, all sizes", "py-key-value", 10.0, KV_OPERATIONS, "kv", "memory"),
-    Target("{store} vs dict+json (within 2x)", "dict+json", 0.5, KV_OPERATIONS, "kv", "memory"),
-    Target("{store} get vs raw aiosqlite", "aiosqlite", 0.8, ("get",), "kv", "sqlite"),
-    Target("{store} single-key ops vs raw redis.asyncio", "redis.asyncio", 0.9, SINGLE_OPERATIONS, "kv", "redis"),
-    Target("{store} single-key ops vs py-key-value RedisStore", "py-key-value", 1.3, SINGLE_OPERATIONS, "kv", "redis"),
-    Target("{store} vs raw pymongo", "pymongo", 0.85, KV_OPERATIONS, "kv", "mongodb"),
-    Target("{store} get and put vs raw asyncpg", "asyncpg", 0.85, ("get", "put"), "kv", "postgresql"),
-    Target("{store} bulk ops vs raw asyncpg", "asyncpg", 0.85, ("get_many", "put_many"), "kv", "postgresql"),
-    Target("{store} vs py-key-value PostgreSQLStore", "py-key-value", 1.2, KV_OPERATIONS, "kv", "postgresql"),
+    *(
+        Target(
+            ratio.label,
+            ratio.baseline,
+            ratio.minimum,
+            ratio.operations,
+            "kv",
+            backend,
+            ratio.value_bytes,
+            every_row=ratio.every_row,
+            shape=ratio.shape,
+        )
+        for backend, row in BACKENDS.items()
+        for ratio in row.targets
+    ),
     Target("{store} atomic operations vs raw {baseline}", RAW, 0.8, ATOMIC_OPERATIONS, "atomic"),
     Target("{store} with opentelemetry-api and no SDK vs without it", NO_API, 0.97, ("get", "put"), "otel", "memory"),
     *(
+        Target("{store} with encryption keys vs without", NO_ENCRYPTION, 0.87, ("get", "put"), "encryption", backend)
+        for backend, row in BACKENDS.items()
+        if row.tcp_schemes
+    ),
+    *(
         target
-        for backend, alone, gets, puts in _BATCHING_MINIMUMS
+        for backend, (alone, gets, puts) in ((name, row.batching) for name, row in BACKENDS.items() if row.batching)
         for target in (
             Target("{store} get/put, 1 caller, vs raw {baseline}", RAW, alone, ("get", "put"), "kv", backend, 100, 1),
             Target("{store} get, 64 callers, vs raw {baseline}", RAW, gets, ("get",), "kv", backend, 100, 64),
@@ -222,22 +279,33 @@ TARGETS: tuple[Target | Limit, ...] = (
     ),
     *(
         Target(
-            f"{{store}} batching on within {BATCHING_TOLERANCE}x of off, {_spread(callers, count)} (median round)",
+            f"{{store}} batching on within {BATCHING_TOLERANCE}x of off, {_spread(callers, count)} ({round_name})",
             BATCHING_OFF,
             round(1 / BATCHING_TOLERANCE, 3),
             BATCHING_OPERATIONS,
             "batching",
             value_bytes=BATCHING_VALUE_BYTES,
             concurrency=callers,
-            metric="p50_us",
+            metric=metric,
             collections=count,
             every_row=True,
         )
         for callers, count in _BATCHING_SHAPES
+        for metric, round_name in (("p50_us", "median round"), ("p99_us", "p99 round"))
     ),
     Target("{store} append vs fastmcp EventStore ({backend})", "fastmcp", 3.0, ("append",), "events"),
     Target("{store} replay vs fastmcp EventStore ({backend})", "fastmcp", 5.0, ("replay",), "events"),
     *SIGNAL_LIMITS,
+    Target("durable sessions calls/s vs FastMCP's own app ({backend})", "fastmcp", 0.95, (E2E_OPERATION,), E2E_GROUP),
+    Target(
+        "durable sessions p99 within 1.05x of FastMCP's own app ({backend})",
+        "fastmcp",
+        round(1 / 1.05, 3),
+        (E2E_OPERATION,),
+        E2E_GROUP,
+        metric="p99_us",
+    ),
+    *TASK_TARGETS,
 )
 """Every target, in report order."""
 
@@ -246,12 +314,18 @@ def row_label(row: dict[str, Any]) -> str:
     """A row in words: ``get 100 B x64``, ``StoreEventStore.append``."""
     if row["group"] == "events":
         return f"{row['store']}.{row['operation']}"
+    if row["group"] == E2E_GROUP:
+        replicas = row.get("replicas", 1)
+        behind = f", {replicas} replicas behind HAProxy" if replicas > 1 else ""
+        return f"{row['operation']} x{row['concurrency']} sessions{behind}"
     if row["group"] == SIGNALS_GROUP:
         pace = f"{row['rate']:g}/s each" if row.get("rate") else "burst"
         return f"{row['operation']} x{row['concurrency']} stream{'s' * (row['concurrency'] != 1)}, {pace}"
+    if row["group"] == TASKS_GROUP:
+        return f"{row['operation']} x{row['concurrency']} submitter{'s' * (row['concurrency'] != 1)}"
     if "collections" in row:
         return f"{row['operation']}, {_spread(row['concurrency'], row['collections'])}"
-    return f"{row['operation']} {size_label(row['value_bytes'])} x{row['concurrency']}"
+    return f"{row['operation']} {size_label(row['value_bytes'], row.get('shape', STRING))} x{row['concurrency']}"
 
 
 def _judge(target: Target, url: str, store: str, rows: list[dict[str, Any]], baseline: str) -> dict[str, Any]:

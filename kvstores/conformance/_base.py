@@ -10,13 +10,12 @@ the capability each failed check needs.
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
 import pytest
 
-from kvstores.protocol import CAPABILITIES, capabilities
+from kvstores.protocol import CAPABILITIES, capabilities, protocol_methods
 
 __all__ = [
     "Conformance",
@@ -63,9 +62,7 @@ def required_by(check: object) -> frozenset[str]:
 
 def missing(name: str) -> str:
     """Why a store lacks capability ``name``: the methods its protocol asks for."""
-    protocol = CAPABILITIES[name]
-    methods = [f"{method}()" for method, value in vars(protocol).items() if inspect.isfunction(value)]
-    public = [method for method in methods if not method.startswith("_")]
+    public = [f"{method}()" for method in protocol_methods(CAPABILITIES[name]) if not method.startswith("_")]
     return f"the store has no {', '.join(public)}"
 
 

@@ -68,6 +68,10 @@ class TestFastMCP(_TargetStores, _suite("kvstores.conformance.fastmcp", "Session
     """FastMCP session state on the target."""
 
 
+class TestTasks(_TargetStores, _suite("kvstores.conformance.tasks", "TaskEngineConformance")):  # type: ignore[misc]
+    """Background tasks kept on the target."""
+
+
 class TestEvents(_suite("kvstores.conformance.events", "EventStoreConformance")):  # type: ignore[misc]
     """The MCP event-store contract on a StoreEventStore over the target's store (whose limits are known)."""
 

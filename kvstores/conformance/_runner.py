@@ -26,6 +26,7 @@ _CLASSES = {
     ("events", "store"): "TestEvents",
     ("events", "event_store"): "TestEventStore",
     ("fastmcp", "store"): "TestFastMCP",
+    ("tasks", "store"): "TestTasks",
 }
 """(suite, what the target makes) -> test class in kvstores.conformance._check."""
 

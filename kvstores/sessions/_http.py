@@ -7,11 +7,13 @@ See :mod:`kvstores.sessions` for what survives and what it costs; the records li
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -38,6 +40,7 @@ try:
     from mcp.server.connection import Connection
     from mcp.server.runner import serve_connection
     from mcp.server.streamable_http import (
+        GET_STREAM_KEY,
         MCP_SESSION_ID_HEADER,
         SESSION_ID_PATTERN,
         EventCallback,
@@ -50,6 +53,7 @@ try:
     from mcp.server.transport_security import TransportSecuritySettings
     from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
     from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+    from mcp.shared.message import SessionMessage
     from mcp.shared.transport_context import TransportContext
     from mcp_types import (
         INTERNAL_ERROR,
@@ -58,6 +62,7 @@ try:
         InitializeRequestParams,
         JSONRPCError,
         JSONRPCMessage,
+        JSONRPCNotification,
     )
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
     from pydantic import ValidationError
@@ -84,7 +89,7 @@ _MAX_SESSION_ID_LENGTH = 256
 """Longer ids are never looked up (the SDK's own are 32 characters)."""
 
 _MAX_HANDSHAKE_BYTES = 64 * 1024
-"""An opening request body larger than this is not kept; its session is recorded without handshake."""
+"""An opening request body larger than this is not read for its handshake; its session is recorded without."""
 
 _BOOKKEEPING_TIMEOUT = 10.0
 """Seconds shielded registry bookkeeping may take after a request before it is given up."""
@@ -95,8 +100,19 @@ TERMINATIONS = "sessions"
 _TERMINATION_POLL = 0.5
 """Seconds between two checks of the sessions held, on a kvstores store without a signal channel."""
 
+_TICK = 0.25
+"""Seconds between two looks at the clock for a stall (a freeze shows as a longer gap)."""
+
+_STALL = 3.0
+"""A gap between two looks longer than this is taken as a freeze: every held session is checked again
+(three signal heartbeats: past it a transport may have dropped what was buffered for it; a loaded
+machine's event loop lags less)."""
+
 _RECHECK_BATCH = 500
 """Session records read per round trip when the sessions held are checked after a signal GAP."""
+
+_REQUEST_BODY: contextvars.ContextVar[bytearray | None] = contextvars.ContextVar("kvstores_request_body", default=None)
+"""The body of the POST being handled, as received: read (parsed) only when the transport primes a request stream."""
 
 _SDK_SESSION_ID = re.compile(r"(?<![0-9A-Za-z])[0-9a-f]{32}(?![0-9A-Za-z])")
 """A session id as the SDK makes them (``uuid4().hex``), in a line of its log."""
@@ -153,12 +169,15 @@ class DurableSessionManager(StreamableHTTPSessionManager):
         self._checked: dict[str, float] = {}  # session id -> monotonic time of its last registry check
         self._digests: dict[str, str] = {}  # _digest(id) -> id of each session held here
         self._closing = False
+        self._last_tick = time.monotonic()
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
         """The SDK manager's ``run()``, also refusing at once the sessions a DELETE ends on another process."""
         try:
             async with super().run():
+                assert self._task_group is not None
+                self._task_group.start_soon(self._watch_for_stalls)
                 stop = await self._watch_terminations()
                 try:
                     yield
@@ -170,6 +189,25 @@ class DurableSessionManager(StreamableHTTPSessionManager):
     # -- request paths -----------------------------------------------------------------
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            await self._handle_session_request(scope, receive, send)
+            return
+        body = bytearray()
+
+        async def receive_keeping_body() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                body.extend(message.get("body", b""))
+            return message
+
+        kept = _REQUEST_BODY.set(body)
+        try:
+            await self._handle_session_request(scope, receive_keeping_body, send)
+        finally:
+            _REQUEST_BODY.reset(kept)
+
+    async def _handle_session_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._notice_stall()
         session_id = Request(scope).headers.get(MCP_SESSION_ID_HEADER)
         if session_id is None:
             await self._open_session(scope, receive, send)
@@ -181,45 +219,41 @@ class DurableSessionManager(StreamableHTTPSessionManager):
         elif requestor != self._session_owners.get(session_id):
             refusal = _refused_to_another(session_id)  # what the SDK answers, without logging the id
         else:
-            refusal = None
-            await self._revalidate(session_id, transport)
+            refusal = await self._revalidate(session_id, transport)
+        deleting = refusal is None and scope["method"] == "DELETE"
+        if deleting and not await self._record_termination(session_id, announce=False):
+            refusal = _error_response("Could not record the session's termination; the session goes on", 503)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        if scope["method"] == "DELETE":
-            send = self._recording_termination(session_id, send)
-        await super()._handle_stateful_request(scope, receive, send)
+        try:
+            await super()._handle_stateful_request(scope, receive, send)
+        finally:
+            if deleting:  # announced once the SDK ended it here: its own echo must not beat the DELETE to it
+                await self._announce_termination(session_id)
 
     async def _open_session(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Let the SDK open a session; record it before the response hands the client its id."""
         requestor = _requestor(scope)
-        body = bytearray()
         opened: list[str] = []
-
-        async def receive_keeping_body() -> Message:
-            message = await receive()
-            if message["type"] == "http.request" and len(body) <= _MAX_HANDSHAKE_BYTES:
-                body.extend(message.get("body", b""))
-            return message
 
         async def send_after_registering(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] < 400 and not opened:
                 new_id = _response_session_id(message)
                 if new_id is not None and new_id in self._server_instances:
                     opened.append(new_id)
-                    await self._register(new_id, requestor, _initialize_params(body))
+                    await self._register(new_id, requestor, _initialize_params(_REQUEST_BODY.get() or b""))
             await send(message)
 
         try:
-            await super()._handle_stateful_request(scope, receive_keeping_body, send_after_registering)
+            await super()._handle_stateful_request(scope, receive, send_after_registering)
         finally:
             # The SDK drops a session whose opening request failed or was cancelled after its
             # response started; the client may hold its id, so no other process may adopt it.
             abandoned = [sid for sid in opened if sid not in self._server_instances and not self._closing]
             if abandoned:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_BOOKKEEPING_TIMEOUT):
-                    for sid in abandoned:
-                        await self._record_termination(sid)
+                for sid in abandoned:
+                    await self._record_termination(sid)
 
     async def _adopt(self, session_id: str, requestor: dict[str, Any] | None) -> Response | None:
         """Serve a registered session here; return the response that refuses it instead (None: serve it)."""
@@ -230,13 +264,13 @@ class DurableSessionManager(StreamableHTTPSessionManager):
         except SessionRecordError as exc:
             logger.error("Cannot resume session %s: %s", _label(session_id), exc)
             return _error_response(f"Cannot resume session: {exc}", 500)
-        except Exception as exc:
+        except Exception as exc:  # not "unknown": the session may live on, so the client must retry, not drop it
             logger.error(
-                "Session registry lookup failed for %s (%s); answering as for an unknown session",
+                "Session registry lookup failed for %s (%s); answering 503",
                 _label(session_id),
                 _scrubbed(exc, session_id),
             )
-            return _session_not_found()
+            return _error_response("The session registry cannot be read now; try again", 503)
         if record is None or record.terminated:
             logger.debug("Refusing session %s: unknown, expired or terminated", _label(session_id))
             return _session_not_found()
@@ -251,8 +285,9 @@ class DurableSessionManager(StreamableHTTPSessionManager):
                 )
                 return _error_response("Too many open sessions", 503)
             await self._start_adopted(record)
-        await self._refresh(session_id)
-        return None
+        # A termination may have landed between the read above and the adoption: read it again.
+        transport = self._server_instances.get(session_id)
+        return _session_not_found() if transport is None else await self._revalidate(session_id, transport, now=True)
 
     async def _start_adopted(self, record: SessionRecord) -> None:
         """Build the transport of an adopted session and start its server task (lock held: no waiting on I/O)."""
@@ -299,15 +334,20 @@ class DurableSessionManager(StreamableHTTPSessionManager):
         await self._task_group.start(run_server)
         logger.info("Adopted session %s from the session registry", _label(session_id))
 
-    async def _revalidate(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
-        """Once per refresh interval: refresh the record, and drop the session if it ended elsewhere."""
-        last = self._checked.setdefault(session_id, time.monotonic())
-        if time.monotonic() - last < self.registry.refresh_interval:
-            return
+    async def _revalidate(
+        self, session_id: str, transport: StreamableHTTPServerTransport, *, now: bool = False
+    ) -> Response | None:
+        """Refresh the record once per refresh interval (at once when ``now``, or when this process may
+        have missed a termination); drop the session and return the refusal if it ended elsewhere."""
+        last = self._checked.get(session_id)
+        if not now and last is not None and time.monotonic() - last < self.registry.refresh_interval:
+            return None
         record = await self._refresh(session_id)
-        if record is not None and (record is _GONE or cast(SessionRecord, record).terminated):
-            logger.info("Session %s was terminated or expired elsewhere; closing it here", _label(session_id))
-            await self._discard_session(session_id, transport)
+        if record is None or (record is not _GONE and not cast(SessionRecord, record).terminated):
+            return None
+        logger.info("Session %s was terminated or expired elsewhere; closing it here", _label(session_id))
+        self._drop(session_id, transport)
+        return _session_not_found()
 
     async def _refresh(self, session_id: str) -> SessionRecord | object | None:
         """Touch the record: the record, ``_GONE`` when absent, None when the registry could not say."""
@@ -323,16 +363,18 @@ class DurableSessionManager(StreamableHTTPSessionManager):
             return None
         return _GONE if record is None else record
 
-    def _recording_termination(self, session_id: str, send: Send) -> Send:
-        """``send`` that records a successful DELETE in the registry before its response goes out."""
+    def _notice_stall(self) -> None:
+        """A process that was frozen (SIGSTOP), or whose loop stalled, may have missed terminations:
+        then every session held here reads its record again before it serves another request."""
+        now = time.monotonic()
+        if now - self._last_tick > _STALL:
+            self._checked.clear()
+        self._last_tick = now
 
-        async def send_after_recording(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] < 400:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_BOOKKEEPING_TIMEOUT):
-                    await self._record_termination(session_id)
-            await send(message)
-
-        return send_after_recording
+    async def _watch_for_stalls(self) -> None:
+        while True:
+            await anyio.sleep(_TICK)
+            self._notice_stall()
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -355,8 +397,21 @@ class DurableSessionManager(StreamableHTTPSessionManager):
         if self.shared_event_store is None:
             return None
         if isinstance(self.shared_event_store, StoreEventStore):
-            return _SessionEvents(self.shared_event_store, session_id)
+            return _SessionEvents(self.shared_event_store, session_id, partial(self._cancel_request, session_id))
         return SessionScopedEventStore(self.shared_event_store, session_id)
+
+    async def _cancel_request(self, session_id: str, request_id: str | int) -> None:
+        """Cancel a request's handling here as the client's ``notifications/cancelled`` would: the event store
+        gave it up (its lease lapsed, or another process answered it)."""
+        transport = self._server_instances.get(session_id)
+        writer = None if transport is None else transport._read_stream_writer
+        if writer is None:
+            return
+        params = {"requestId": request_id, "reason": "this server's lease on the request lapsed"}
+        note = JSONRPCNotification(jsonrpc="2.0", method="notifications/cancelled", params=params)
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await writer.send(SessionMessage(note))
+        logger.info("Cancelled a request of session %s: its lease lapsed", _label(session_id))
 
     # -- termination everywhere ----------------------------------------------------------
 
@@ -439,7 +494,8 @@ class DurableSessionManager(StreamableHTTPSessionManager):
         if signals is None:
             return
         try:
-            await signals.publish(TERMINATIONS, _digest(session_id))
+            with anyio.CancelScope(shield=True), anyio.fail_after(_BOOKKEEPING_TIMEOUT):
+                await signals.publish(TERMINATIONS, _digest(session_id))
         except Exception as exc:
             logger.warning(
                 "Could not announce the termination of session %s (%s); processes holding it refuse it "
@@ -461,15 +517,19 @@ class DurableSessionManager(StreamableHTTPSessionManager):
                 _scrubbed(exc, session_id),
             )
 
-    async def _record_termination(self, session_id: str) -> None:
+    async def _record_termination(self, session_id: str, *, announce: bool = True) -> bool:
+        """Record (and announce) that ``session_id`` ended; False (logged) when the registry could not record it."""
         try:
-            await self.registry.terminate(session_id)
+            with anyio.CancelScope(shield=True), anyio.fail_after(_BOOKKEEPING_TIMEOUT):
+                await self.registry.terminate(session_id)
         except Exception as exc:
             logger.error(
                 "Could not record the termination of session %s: %s", _label(session_id), _scrubbed(exc, session_id)
             )
-        else:
+            return False
+        if announce:
             await self._announce_termination(session_id)
+        return True
 
     async def close_sessions(self) -> None:
         """Shut down: end this process's transports gracefully, leaving every session adoptable."""
@@ -488,12 +548,20 @@ class _SessionEvents(EventStore):
     events until the replay returns; this one checks the scope first and sends as it goes.
     """
 
-    def __init__(self, events: StoreEventStore, session_id: str) -> None:
+    def __init__(
+        self, events: StoreEventStore, session_id: str, cancel: Callable[[str | int], Awaitable[None]]
+    ) -> None:
         self.events = events
         self.prefix = f"{len(session_id)}:{session_id}:"
+        self.cancel = cancel
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
-        return await self.events.store_event(self.prefix + stream_id, message)
+        request_id = _sent_id(stream_id) if message is None and stream_id != GET_STREAM_KEY else None
+        if request_id is None:
+            return await self.events.store_event(self.prefix + stream_id, message)
+        # The transport primes the stream of the request being posted: note its id as sent.
+        on_fence = partial(self.cancel, request_id)
+        return await self.events.append(self.prefix + stream_id, None, request_id=request_id, on_fence=on_fence)
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
         scoped = await self.events.follow_events_after(last_event_id, send_callback, stream_prefix=self.prefix)
@@ -532,6 +600,24 @@ def _initialize_params(body: bytes | bytearray) -> dict[str, Any] | None:
         if isinstance(message, dict) and message.get("method") == "initialize":
             params = message.get("params")
             return params if isinstance(params, dict) else None
+    return None
+
+
+def _sent_id(stream_id: StreamId) -> str | int | None:
+    """The JSON-RPC id, exactly as sent, of the request in the POST being handled whose stream is ``stream_id``.
+
+    The SDK names a request's stream ``str(id)``, which loses the id's type (``"7"`` and ``7``)
+    and leading zeros; the body says what the client sent.
+    """
+    body = _REQUEST_BODY.get()
+    try:
+        payload = json.loads(body) if body else None
+    except ValueError:
+        return None
+    for message in payload if isinstance(payload, list) else [payload]:
+        sent = message.get("id") if isinstance(message, dict) and "method" in message else None
+        if isinstance(sent, (str, int)) and not isinstance(sent, bool) and str(sent) == stream_id:
+            return sent
     return None
 
 

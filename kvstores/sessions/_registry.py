@@ -18,8 +18,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+from kvstores._codec import MAX_TTL_SECONDS
 from kvstores.errors import DeserializationError
-from kvstores.protocol import AtomicStore
+from kvstores.protocol import AtomicStore, missing_methods
 
 if TYPE_CHECKING:
     from kvstores.protocol import AsyncKeyValue
@@ -45,6 +46,8 @@ RECORD_VERSION = 1
 
 MAX_REFRESH_INTERVAL = 30.0
 """Upper bound of the seconds between two registry refreshes of a session in use."""
+
+_MAX_IDLE_TTL = MAX_TTL_SECONDS - MAX_REFRESH_INTERVAL
 
 
 def _label(session_id: str) -> str:
@@ -146,15 +149,15 @@ class SessionRegistry:
         idle_ttl: float = DEFAULT_IDLE_TTL,
         collection: str = REGISTRY_COLLECTION,
     ) -> None:
-        if not isinstance(store, AtomicStore):
+        if lacks := missing_methods(store, AtomicStore):
             raise TypeError(
                 f"durable sessions need a store with atomic operations (kvstores.AtomicStore); "
-                f"{type(store).__name__} has none"
+                f"{type(store).__name__} has no {', '.join(f'{name}()' for name in lacks)}"
             )
         if isinstance(idle_ttl, bool) or not isinstance(idle_ttl, (int, float)) or not math.isfinite(idle_ttl):
             raise ValueError(f"idle_ttl must be a finite number of seconds, not {idle_ttl!r}")
-        if idle_ttl <= 0:
-            raise ValueError(f"idle_ttl must be positive, not {idle_ttl!r}")
+        if not 0 < idle_ttl <= _MAX_IDLE_TTL:  # a record lives idle_ttl + refresh_interval: a TTL every store takes
+            raise ValueError(f"idle_ttl must be > 0 and <= {_MAX_IDLE_TTL:g} seconds, not {idle_ttl!r}")
         self.store = store
         self.collection = collection
         self.idle_ttl = float(idle_ttl)

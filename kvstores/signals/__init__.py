@@ -13,9 +13,13 @@
     unsubscribe = await signals.listen("streams", on_message, on_gap)   # the callback form
 
 A message is a str of at most :data:`MAX_MESSAGE_BYTES` UTF-8 bytes (no NUL: PostgreSQL's
-NOTIFY cannot carry it) on a named channel (any non-empty str). Channels of one store are
-isolated from every other store's (another Redis prefix, PostgreSQL table, SQLite file,
-MongoDB collection).
+NOTIFY cannot carry it) on a named channel (a non-empty str of at most :data:`MAX_NAME_BYTES`
+UTF-8 bytes); neither may hold a lone surrogate (it has no UTF-8 form). Both are checked here,
+once, the same for every backend: a bad one is a ValueError (a TypeError for a non-str) and
+nothing is sent or subscribed. Channels of one store are isolated from every other store's
+whatever isolates their data: the Redis database and prefix, the PostgreSQL database, schema
+and table, the MariaDB/MySQL database and table, the MongoDB database and collection, the
+SQLite file.
 
 Delivery: once ``subscribe()``/``listen()`` has returned, every message published afterwards on
 that name, by any process, is delivered, in the order each publisher published them, or a
@@ -47,7 +51,6 @@ waits. The channel closes itself (within a second) once its store is closed or c
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import weakref
 from collections import deque
@@ -55,18 +58,23 @@ from collections.abc import AsyncGenerator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, Final
 
-from kvstores.base import release_with_loop
+from kvstores.base import BaseStore
 from kvstores.errors import StoreClosedError
-from kvstores.signals._transport import HEARTBEAT, Sink, Transport
+from kvstores.loop import release_with_loop
+from kvstores.signals._transport import HEARTBEAT, NumberedPoll, Sink, Transport
 
 __all__ = [
     "DEFAULT_BUFFER",
     "GAP",
     "HEARTBEAT",
     "MAX_MESSAGE_BYTES",
+    "MAX_NAME_BYTES",
     "Gap",
+    "NumberedPoll",
     "SignalChannel",
+    "Sink",
     "Subscription",
+    "Transport",
     "channel",
 ]
 
@@ -75,19 +83,13 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES: Final = 7_000
 """The largest message, in UTF-8 bytes (PostgreSQL's NOTIFY takes 8,000 with the channel's name)."""
 
+MAX_NAME_BYTES: Final = 1_024
+"""The longest channel name, in UTF-8 bytes (MariaDB/MySQL's signal table holds no more)."""
+
 DEFAULT_BUFFER: Final = 1_000
 """Messages an iterator subscription holds before a slow reader gets a GAP instead."""
 
 _WATCH_INTERVAL: Final = 0.5  # how often a channel checks that its store is still open
-
-_TRANSPORTS = {
-    "kvstores.backends.memory:MemoryStore": "kvstores.signals._memory:MemoryTransport",
-    "kvstores.backends.redis:RedisStore": "kvstores.signals._redis:RedisTransport",
-    "kvstores.backends.postgresql:PostgreSQLStore": "kvstores.signals._postgresql:PostgreSQLTransport",
-    "kvstores.backends.sqlite:SQLiteStore": "kvstores.signals._sqlite:transport",
-    "kvstores.backends.mongodb:MongoDBStore": "kvstores.signals._mongodb:MongoDBTransport",
-    "kvstores.backends.mysql:MySQLStore": "kvstores.signals._mysql:MySQLTransport",
-}
 
 
 class Gap:
@@ -109,18 +111,27 @@ GAP: Final = Gap()
 """Yielded by a subscription (and reported to ``on_gap``) when messages may have been lost."""
 
 
+def _utf8_size(text: str, what: str) -> int:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} cannot hold a lone surrogate (it has no UTF-8 form)") from None
+
+
 def _check_message(message: str) -> None:
     if not isinstance(message, str):
         raise TypeError(f"a signal message is a str, not {type(message).__name__}")
     if "\x00" in message:
         raise ValueError("a signal message cannot contain NUL")
-    if len(message) > MAX_MESSAGE_BYTES // 4 and len(message.encode()) > MAX_MESSAGE_BYTES:
+    if _utf8_size(message, "a signal message") > MAX_MESSAGE_BYTES:
         raise ValueError(f"a signal message holds at most {MAX_MESSAGE_BYTES} UTF-8 bytes")
 
 
 def _check_name(name: str) -> None:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a signal channel's name is a non-empty str, got {name!r}")
+    if not isinstance(name, str):
+        raise TypeError(f"a signal channel's name is a str, not {type(name).__name__}")
+    if not name or "\x00" in name or _utf8_size(name, "a signal channel's name") > MAX_NAME_BYTES:
+        raise ValueError(f"a signal channel's name is a non-empty str of at most {MAX_NAME_BYTES} UTF-8 bytes, no NUL")
 
 
 class _Callbacks:
@@ -225,11 +236,14 @@ class SignalChannel(Sink):
     """Named channels of small text messages shared by every store object on one backend namespace.
 
     Get the one of a store with :func:`channel`. ``publish``, ``subscribe`` and ``listen`` are the
-    whole API; the transport (one per channel object) is chosen from the store's type.
+    whole API; the transport (one per channel object) is made by the store (``_signal_transport``).
     """
 
     def __init__(self, store: Any) -> None:
-        factory = _transport_factory(store)
+        factory = getattr(type(store), "_signal_transport", None)  # the class's: a forwarding wrapper has none
+        transport = None if factory is None else factory(store, self)
+        if transport is None:
+            raise TypeError(f"no signal transport for {type(store).__name__}: its backend declares none")
         self._store = weakref.ref(store)
         self._receivers: dict[str, dict[_Receiver, None]] = {}
         self._lock = asyncio.Lock()
@@ -237,7 +251,7 @@ class SignalChannel(Sink):
         self._watching = False
         self._closed = False
         self._loop_guard: AsyncGenerator[None, None] | None = None
-        self.transport: Transport = factory(store, self)
+        self.transport: Transport = transport
 
     @property
     def closed(self) -> bool:
@@ -364,12 +378,14 @@ class SignalChannel(Sink):
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coroutine)
+        if self._closed:  # a call that began before aclose() spawns nothing that outlives the channel
+            task.cancel()
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
     def _watch(self) -> None:
-        """Close the channel once the store is closed (BaseStore has no close hook to tell it)."""
+        """Close the channel once the store is closed or collected (a BaseStore's aclose() closes it at once)."""
         if not self._watching:
             self._watching = True
             self._spawn(self._watchdog())
@@ -380,16 +396,6 @@ class SignalChannel(Sink):
         await self.aclose()
 
 
-def _transport_factory(store: Any) -> Callable[[Any, Sink], Transport]:
-    for cls in type(store).__mro__:
-        target = _TRANSPORTS.get(f"{cls.__module__}:{cls.__qualname__}")
-        if target is not None:
-            module, _, name = target.partition(":")
-            factory: Callable[[Any, Sink], Transport] = getattr(importlib.import_module(module), name)
-            return factory
-    raise TypeError(f"no signal transport for {type(store).__name__}: kvstores' own stores have one")
-
-
 _CHANNELS: weakref.WeakKeyDictionary[Any, SignalChannel] = weakref.WeakKeyDictionary()
 
 
@@ -398,4 +404,6 @@ def channel(store: Any) -> SignalChannel:
     signals = _CHANNELS.get(store)
     if signals is None or (signals._closed and not getattr(store, "closed", False)):
         signals = _CHANNELS[store] = SignalChannel(store)
+        if isinstance(store, BaseStore):
+            store._signal_channel = signals  # closed by the store's aclose(), not half a second later
     return signals

@@ -20,8 +20,7 @@ from typing import Any, Final
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from kvstores.backends.mongodb import _translated_error
-from kvstores.base import translated
+from kvstores.base import BaseStore
 from kvstores.errors import KVStoreError
 from kvstores.signals._transport import NumberedPoll, Sink
 
@@ -38,22 +37,22 @@ _NUMBER_ATTEMPTS: Final = 5
 class MongoDBTransport(NumberedPoll):
     """One polling task for every subscriber of one channel object."""
 
-    def __init__(self, store: Any, sink: Sink) -> None:
+    def __init__(self, store: BaseStore, sink: Sink, entries: Any) -> None:
+        """``entries``: the store's collection, beside which the signals' live."""
         super().__init__(store, sink)
-        entries = store._entries
         self._signals: Any = entries.database.get_collection(f"{entries.name}.signals")
         self._sequence: Any = entries.database.get_collection(f"{entries.name}.signals_sequence")
         self._indexed = False
 
     async def _ready(self) -> None:
         if not self._indexed:
-            with translated(_translated_error):
+            with self.translated():
                 await self._signals.create_index("t", expireAfterSeconds=RETENTION)
             self._indexed = True
 
     async def _latest(self) -> int:
         await self._ready()
-        with translated(_translated_error):
+        with self.translated():
             counter = await self._sequence.find_one({"_id": _COUNTER})
         return 0 if counter is None else int(counter["n"])
 
@@ -63,7 +62,7 @@ class MongoDBTransport(NumberedPoll):
 
     async def publish(self, name: str, message: str) -> None:
         await self._ready()
-        with translated(_translated_error):
+        with self.translated():
             number = await self._number()
             document = {"_id": number, "c": name, "m": message, "t": datetime.datetime.now(datetime.UTC)}
             await self._signals.insert_one(document)

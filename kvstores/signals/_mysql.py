@@ -24,9 +24,7 @@ from typing import Any, Final
 
 from asyncmy import errors as my_errors
 
-from kvstores.backends.mysql import _translated_error
-from kvstores.base import translated
-from kvstores.errors import StoreClosedError
+from kvstores.backends.mysql import MySQLStore
 from kvstores.signals._transport import NumberedPoll, Sink
 
 logger = logging.getLogger(__name__)
@@ -41,7 +39,8 @@ _NO_SUCH_TABLE: Final = 1146  # ER_NO_SUCH_TABLE
 class MySQLTransport(NumberedPoll):
     """One polling task for every subscriber of one channel object, on the store's pool."""
 
-    def __init__(self, store: Any, sink: Sink) -> None:
+    def __init__(self, store: MySQLStore, sink: Sink) -> None:
+        """Polls through ``store``'s :meth:`~kvstores.backends.mysql.MySQLStore.fetch`, on its pool."""
         super().__init__(store, sink)
         table = f"{store.table[:-1]}_signals`"  # the store's quoted table name, suffixed
         self._create = (
@@ -56,19 +55,18 @@ class MySQLTransport(NumberedPoll):
         self._next_prune = 0.0
 
     async def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        store = self._store()
-        if store is None:
-            raise StoreClosedError("the signal channel's store is gone")
-        with translated(_translated_error):  # _query is a helper of the primitives, not one itself
+        store = self.live_store()
+        assert isinstance(store, MySQLStore)
+        with self.translated():  # fetch is the store's door for transports, not a primitive
             try:
-                _, rows = await store._query(sql, args)
+                rows = await store.fetch(sql, *args)
             except my_errors.ProgrammingError as exc:
                 if exc.args[0] != _NO_SUCH_TABLE:
                     raise
                 # made on first use (IF NOT EXISTS only when missing: on an existing table
                 # it makes the server warn, and the driver logs every warning)
-                await store._query(self._create)
-                _, rows = await store._query(sql, args)
+                await store.fetch(self._create)
+                rows = await store.fetch(sql, *args)
         return list(rows)
 
     async def _latest(self) -> int:

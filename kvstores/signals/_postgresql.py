@@ -1,7 +1,9 @@
 """PostgreSQL signals: LISTEN/NOTIFY on one dedicated connection per channel object.
 
 A channel ``name`` of a store on table T is the PostgreSQL channel ``kvs_`` + a digest of
-(T, name), a valid identifier of 63 characters whatever the name. Publishing is
+(S, T, name), a valid identifier of 63 characters whatever the name; S is the schema an
+unqualified T is found in (``current_schema()``, read once), since NOTIFY reaches every
+listener of the database whatever schema it works in. Publishing is
 ``SELECT pg_notify(...)`` on the store's own pool (its timeout and error translation). The
 listening connection is opened from the store's URL and options (or taken from the pool the
 user passed in, for as long as the channel lives); asyncpg's termination listener and a
@@ -17,17 +19,13 @@ from typing import Any, Final
 
 import asyncpg
 
-from kvstores.backends.postgresql import _translated_error
-from kvstores.base import translated
-from kvstores.errors import StoreClosedError
+from kvstores.backends.postgresql import PostgreSQLStore
 from kvstores.signals._transport import HEARTBEAT, Backoff, Sink, Transport, digest
 
 logger = logging.getLogger(__name__)
 
-_POOL_ONLY: Final = frozenset(
-    {"min_size", "max_size", "max_queries", "max_inactive_connection_lifetime", "setup", "init", "reset"}
-)
 _NOTIFY: Final = "SELECT pg_notify($1, $2)"
+_SCHEMA: Final = "SELECT current_schema()"
 
 
 def _setter(event: asyncio.Event) -> Any:
@@ -38,13 +36,16 @@ def _setter(event: asyncio.Event) -> Any:
 class PostgreSQLTransport(Transport):
     """One LISTEN connection (and a task watching it) for every subscriber of one channel object."""
 
-    def __init__(self, store: Any, sink: Sink) -> None:
+    def __init__(self, store: PostgreSQLStore, sink: Sink, *, timeout: float) -> None:
+        """Listens on connections from ``store``'s :meth:`~kvstores.backends.postgresql.PostgreSQLStore.listener`."""
         super().__init__(store, sink)
-        self._url: str | None = store._url
-        self._pool: asyncpg.Pool[Any] | None = None if store._owns_pool else store.pool
-        self._options = {name: value for name, value in store._pool_options.items() if name not in _POOL_ONLY}
-        self._timeout: float = store._timeout
-        self._table: str = store.table
+        self._timeout = timeout
+        self._table = store.table
+        # An unqualified table is found through the search path: its schema scopes the channels too
+        # (NOTIFY reaches every listener of the database, whatever schema it works in).
+        self._schema: str | None = "" if "." in store.table else None
+        self._wanted: set[str] = set()  # the names listened to, kept while the schema is not known
+        self._pool: asyncpg.Pool[Any] | None = None  # the user's pool the connection came from
         self._names: dict[str, str] = {}  # PostgreSQL channel -> name
         self._connection: Any = None
         self._up = asyncio.Event()
@@ -53,11 +54,11 @@ class PostgreSQLTransport(Transport):
         self._owe_gap = False
 
     def _channel(self, name: str) -> str:
-        return "kvs_" + digest(self._table, name)[:59]
+        assert self._schema is not None, "the schema is read before any channel is named"
+        return "kvs_" + digest(self._schema, self._table, name)[:59]
 
     async def listen(self, name: str) -> None:
-        channel = self._channel(name)
-        self._names[channel] = name
+        self._wanted.add(name)
         if self._task is None or self._task.done():
             self._task = self.sink.spawn(self._run())
         if not self._up.is_set():
@@ -70,6 +71,8 @@ class PostgreSQLTransport(Transport):
             if self._connection is None:
                 self._owe_gap = True  # the reader listens once connected, then reports the GAP
                 return
+            channel = self._channel(name)  # connected: the schema is known
+            self._names[channel] = name
             try:
                 await self._connection.add_listener(channel, self._notified)
             except Exception as exc:  # the reader notices the broken connection and redoes it
@@ -77,6 +80,9 @@ class PostgreSQLTransport(Transport):
                 self._owe_gap = True
 
     async def unlisten(self, name: str) -> None:
+        self._wanted.discard(name)
+        if self._schema is None:
+            return  # never connected: nothing is listened to
         channel = self._channel(name)
         self._names.pop(channel, None)
         async with self._lock:
@@ -87,11 +93,13 @@ class PostgreSQLTransport(Transport):
                     logger.debug("PostgreSQL signals: UNLISTEN %s failed: %s", channel, exc)
 
     async def publish(self, name: str, message: str) -> None:
-        store = self._store()
-        if store is None:
-            raise StoreClosedError("the signal channel's store is gone")
-        with translated(_translated_error):  # _query is a helper of the primitives, not one itself
-            await store._query("fetchval", _NOTIFY, self._channel(name), message)
+        store = self.live_store()
+        assert isinstance(store, PostgreSQLStore)
+        with self.translated():  # fetch is the store's door for transports, not a primitive
+            if self._schema is None:
+                (row,) = await store.fetch(_SCHEMA)
+                self._schema = str(row[0])
+            await store.fetch(_NOTIFY, self._channel(name), message)
 
     def _notified(self, connection: Any, pid: int, channel: str, payload: str) -> None:
         name = self._names.get(channel)
@@ -109,6 +117,9 @@ class PostgreSQLTransport(Transport):
                 async with self._lock:
                     connection = await asyncio.wait_for(self._connect(), self._timeout)
                     connection.add_termination_listener(_setter(lost))
+                    if self._schema is None:
+                        self._schema = str(await connection.fetchval(_SCHEMA))
+                    self._names = {self._channel(name): name for name in self._wanted}
                     for channel in list(self._names):
                         await connection.add_listener(channel, self._notified)
                     self._connection = connection
@@ -142,9 +153,10 @@ class PostgreSQLTransport(Transport):
                 await connection.fetchval("SELECT 1", timeout=3 * HEARTBEAT)
 
     async def _connect(self) -> Any:
-        if self._pool is not None:
-            return await self._pool.acquire()
-        return await asyncpg.connect(self._url, **self._options)
+        store = self.live_store()
+        assert isinstance(store, PostgreSQLStore)
+        connection, self._pool = await store.listener()
+        return connection
 
     async def _disconnect(self, connection: Any) -> None:
         try:

@@ -1,7 +1,9 @@
 """Redis signals: pub/sub on one connection per channel object; sharded pub/sub on a Cluster.
 
 A channel ``name`` of a store with prefix P is the Redis channel ``{P'}signals:<name>`` (P' is
-P with ``% { }`` escaped, so the hash tag is P' alone): on a Cluster every channel of a store
+P with ``% { }`` escaped, so the hash tag is P' alone), ``{P'}signals@D:<name>`` on database D
+other than 0 (pub/sub ignores the database: two stores with one prefix on two databases would
+share their channels): on a Cluster every channel of a store
 hashes to one slot, so SSUBSCRIBE needs one connection to one node, and SPUBLISH goes to that
 node alone instead of every node. ``{P'}signals`` carries the heartbeat: the reader publishes
 its own nonce there every HEARTBEAT seconds and redoes its connection when it has not heard it
@@ -20,8 +22,8 @@ from typing import Any, Final
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 
-from kvstores.backends.redis import _translated_error
-from kvstores.base import translated
+from kvstores.backends.redis import close_client
+from kvstores.base import BaseStore
 from kvstores.signals._transport import HEARTBEAT, Backoff, Sink, Transport
 
 logger = logging.getLogger(__name__)
@@ -58,12 +60,14 @@ def _text(value: Any) -> str:
 class RedisTransport(Transport):
     """One pub/sub connection (a task reading it) for every subscriber of one channel object."""
 
-    def __init__(self, store: Any, sink: Sink) -> None:
+    def __init__(self, store: BaseStore, sink: Sink, *, client: Any, gate: Any, prefix: str) -> None:
+        """``gate``: the store's bound on connections in use, which publishes share."""
         super().__init__(store, sink)
-        self._client = store.client
-        self._gate = store._gate  # publishes share the store's bound on connections in use
+        self._client = client
+        self._gate = gate
         self._sharded = isinstance(self._client, RedisCluster)
-        self._beat = "{" + store.prefix.translate(_TAG_ESCAPES) + "}signals"
+        database = 0 if self._sharded else int(client.connection_pool.connection_kwargs.get("db") or 0)
+        self._beat = "{" + prefix.translate(_TAG_ESCAPES) + "}signals" + (f"@{database}" if database else "")
         self._head = self._beat + ":"
         self._wanted: set[str] = set()  # Redis channels listened to (the heartbeat's aside)
         self._confirmed: set[str] = set()  # ... that the server has confirmed on this connection
@@ -115,7 +119,7 @@ class RedisTransport(Transport):
         await self._send(self._head + name, message)
 
     async def _send(self, key: str, message: str) -> None:
-        with translated(_translated_error):
+        with self.translated():
             async with self._gate:
                 await (self._client.spublish(key, message) if self._sharded else self._client.publish(key, message))
 
@@ -146,9 +150,11 @@ class RedisTransport(Transport):
                 self._owe_gap = True
                 self._unwatch()
                 try:
-                    await pubsub.aclose()
-                    if owned:
-                        await listener.aclose()
+                    try:
+                        await pubsub.aclose()
+                    finally:  # even when that close failed or was cancelled: the own client holds sockets too
+                        if owned:
+                            await close_client(listener)
                 except Exception as exc:
                     logger.debug("Redis signals: closing the pub/sub connection: %s", exc)
             await backoff.wait()

@@ -5,9 +5,13 @@ Layout (created on first use beside the store's own tables)::
     kvstores_signals(id INTEGER PRIMARY KEY AUTOINCREMENT, channel TEXT, message TEXT, created_at REAL)
 
 SQLite runs one writer at a time, so ids are committed in order and without holes; the poller
-reads ``id > last`` every 10 ms after traffic, backing off to every 40 ms when idle (WAL: a read
-never blocks a writer). Publishers delete rows older than RETENTION seconds; a poller that finds
-its next id already deleted (it fell that far behind) reports a GAP. The channel uses a
+(:class:`kvstores.signals._transport.NumberedPoll`, as for MongoDB and MariaDB) reads ``id >
+last`` every 10 ms after traffic, backing off to every 40 ms when idle (WAL: a read never blocks
+a writer). A poll reads the table only when a commit may have landed since its last read: the
+file's write-ahead log changed, or changed less than :data:`QUIET` seconds ago (a file system's
+clock may be that coarse); an idle file costs a ``stat()`` per poll, not a query on a thread.
+Publishers delete rows older than RETENTION seconds; a poller that finds its next id
+already deleted (it fell that far behind) reports a GAP. The channel uses a
 connection of its own (its polls never queue behind the store's calls). ``sqlite://:memory:``
 is private to one store object: its signals stay in process.
 """
@@ -15,23 +19,22 @@ is private to one store object: its signals stay in process.
 from __future__ import annotations
 
 import asyncio
-import logging
+import os
 import time
-from typing import Any, Final
+from typing import Final
 
 import aiosqlite
 
-from kvstores.backends.sqlite import _translated_error
-from kvstores.base import translated
+from kvstores.base import BaseStore
 from kvstores.signals._memory import MemoryTransport
-from kvstores.signals._transport import Backoff, Sink, Transport
-
-logger = logging.getLogger(__name__)
+from kvstores.signals._transport import NumberedPoll, Sink, Transport
 
 RETENTION: Final = 60.0
 """Seconds a published row is kept."""
 
-_POLL: Final = (0.01, 0.04)  # poll interval after traffic, and when idle
+QUIET: Final = 3.0
+"""Seconds the write-ahead log must have gone unmodified, by its mtime, before a poll may skip the read."""
+
 _BATCH: Final = 1_000
 _CREATE = (
     "CREATE TABLE IF NOT EXISTS kvstores_signals (id INTEGER PRIMARY KEY AUTOINCREMENT,"
@@ -43,31 +46,32 @@ _LAST = "SELECT seq FROM sqlite_sequence WHERE name = 'kvstores_signals'"
 _SINCE = "SELECT id, channel, message FROM kvstores_signals WHERE id > ? ORDER BY id LIMIT ?"
 
 
-def transport(store: Any, sink: Sink) -> Transport:
-    """The transport of a SQLiteStore: the file's table, or in process for ``:memory:``."""
-    if store.path == ":memory:":
+def transport(store: BaseStore, sink: Sink, path: str, timeout: float) -> Transport:
+    """The transport of a SQLiteStore on ``path``: the file's table, or in process for ``:memory:``."""
+    if path == ":memory:":
         return MemoryTransport(store, sink)
-    return SQLiteTransport(store, sink)
+    return SQLiteTransport(store, sink, path, timeout)
 
 
-class SQLiteTransport(Transport):
+class SQLiteTransport(NumberedPoll):
     """One connection and one polling task for every subscriber of one channel object."""
 
-    def __init__(self, store: Any, sink: Sink) -> None:
+    intervals = (0.01, 0.04)
+
+    def __init__(self, store: BaseStore, sink: Sink, path: str, timeout: float) -> None:
+        """Signals in the SQLite file at ``path``, waiting up to ``timeout`` seconds for its lock."""
         super().__init__(store, sink)
-        self._path: str = store.path
-        self._timeout: float = store._timeout
-        self._names: set[str] = set()
+        self._path = path
+        self._timeout = timeout
         self._db: aiosqlite.Connection | None = None
         self._opening = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
-        self._last = 0
         self._next_prune = 0.0
+        self._read_at: tuple[int, int, int] | None = None  # the log as it was just before the last read
 
     async def _connection(self) -> aiosqlite.Connection:
         async with self._opening:
             if self._db is None:
-                with translated(_translated_error):
+                with self.translated():
                     db = await aiosqlite.connect(self._path, timeout=self._timeout, isolation_level=None)
                     try:
                         await db.execute("PRAGMA journal_mode=WAL")
@@ -78,52 +82,49 @@ class SQLiteTransport(Transport):
                 self._db = db
             return self._db
 
-    async def listen(self, name: str) -> None:
-        self._names.add(name)
-        if self._task is None:
-            db = await self._connection()
-            with translated(_translated_error):
-                rows = list(await db.execute_fetchall(_LAST))
-            self._last = int(rows[0][0]) if rows else 0
-            self._task = self.sink.spawn(self._poll(db))
+    async def _latest(self) -> int:
+        db = await self._connection()
+        with self.translated():
+            rows = list(await db.execute_fetchall(_LAST))
+        return int(rows[0][0]) if rows else 0
 
-    async def unlisten(self, name: str) -> None:
-        self._names.discard(name)
+    async def _since(self, number: int) -> list[tuple[int, str, str]]:
+        log = _log_state(self._path)
+        if log is not None and log == self._read_at and time.time() - log[2] / 1e9 > QUIET:
+            return []  # no commit since the last read: nothing can have been published
+        db = await self._connection()
+        rows = [
+            (int(row_id), str(name), str(message))
+            for row_id, name, message in await db.execute_fetchall(_SINCE, (number, _BATCH))
+        ]
+        self._read_at = log  # taken before the read: a commit during it changes the log again
+        return rows
 
     async def publish(self, name: str, message: str) -> None:
         db = await self._connection()
         now = time.time()
-        with translated(_translated_error):
+        with self.translated():
             await (await db.execute(_INSERT, (name, message, now))).close()
             if now >= self._next_prune:
                 self._next_prune = now + RETENTION / 4
                 await (await db.execute(_PRUNE, (now - RETENTION,))).close()
 
-    async def _poll(self, db: aiosqlite.Connection) -> None:
-        backoff = Backoff()
-        interval = _POLL[0]
-        while self.store_open:
-            try:
-                rows = list(await db.execute_fetchall(_SINCE, (self._last, _BATCH)))
-            except Exception as exc:
-                logger.warning("SQLite signals: %s: %s; polling again", type(exc).__name__, exc)
-                await backoff.wait()
-                continue
-            backoff.reset()
-            if rows:
-                if rows[0][0] != self._last + 1:
-                    self.sink.gap()  # pruned before this poller read them
-                for row_id, name, message in rows:
-                    self._last = row_id
-                    if name in self._names:
-                        self.sink.deliver(name, message)
-                interval = _POLL[0]
-            else:
-                interval = min(interval * 1.5, _POLL[1])
-            await asyncio.sleep(interval)
-
     async def aclose(self) -> None:
+        self._read_at = None
         async with self._opening:
             db, self._db = self._db, None
             if db is not None:
                 await db.close()
+
+
+def _log_state(path: str) -> tuple[int, int, int] | None:
+    """(inode, size, mtime in ns) of the write-ahead log of the database at ``path``; None without one.
+
+    Every commit in WAL mode writes to the log (a checkpoint that resets it writes its header
+    again), so an unchanged state means no commit since it was taken.
+    """
+    try:
+        found = os.stat(path + "-wal")
+    except OSError:
+        return None
+    return found.st_ino, found.st_size, found.st_mtime_ns

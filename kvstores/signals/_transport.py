@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import hashlib
 import logging
 import weakref
-from collections.abc import Coroutine
-from typing import Any, Final
+from collections.abc import Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, Final
+
+from kvstores.base import translated
+from kvstores.errors import StoreClosedError
+
+if TYPE_CHECKING:
+    from kvstores.base import BaseStore
 
 HEARTBEAT: Final = 1.0
 """Seconds between a connected transport's liveness checks; a link silent for 3 of them is redone."""
@@ -41,12 +48,19 @@ class Sink(abc.ABC):
 class Transport(abc.ABC):
     """Moves messages between processes for one channel object.
 
+    A backend makes its transport in :meth:`kvstores.base.BaseStore._signal_transport`, handing it
+    what it needs (a client, a path, a timeout) as arguments: the transport never reads the
+    store's private attributes. It holds the store weakly (a channel never keeps its store
+    alive), reaches it through :meth:`live_store` and translates the driver's errors with
+    :meth:`translated`, the store's own ``_translate``.
+
     ``listen(name)`` returns once a message published on ``name`` afterwards will be delivered,
     or, when the backend is down, after arranging a ``sink.gap()`` for when it is back.
     Transports deliver from one task (or synchronously, in process) and never raise into it.
     """
 
-    def __init__(self, store: Any, sink: Sink) -> None:
+    def __init__(self, store: BaseStore, sink: Sink) -> None:
+        """A transport for ``store``'s channel ``sink``."""
         self.sink = sink
         self._store = weakref.ref(store)
 
@@ -55,6 +69,20 @@ class Transport(abc.ABC):
         """False once the store is closed or collected: a transport then stops reconnecting."""
         store = self._store()
         return store is not None and not store.closed
+
+    def live_store(self) -> BaseStore:
+        """The store; StoreClosedError once it is collected."""
+        store = self._store()
+        if store is None:
+            raise StoreClosedError("the signal channel's store is gone")
+        return store
+
+    @contextlib.contextmanager
+    def translated(self) -> Iterator[None]:
+        """Raise the driver's errors in the block as the store's primitives raise them (its ``_translate``)."""
+        store = self._store()
+        with translated(store._translate if store is not None else lambda exc: None):
+            yield
 
     @abc.abstractmethod
     async def listen(self, name: str) -> None:
@@ -112,7 +140,7 @@ class NumberedPoll(Transport):
         super().__init__(store, sink)
         self._names: set[str] = set()
         self._task: asyncio.Task[None] | None = None
-        self._last = 0
+        self._last: int | None = 0  # None: not known yet (the backend was down at the first listen)
 
     @abc.abstractmethod
     async def _latest(self) -> int:
@@ -125,7 +153,11 @@ class NumberedPoll(Transport):
     async def listen(self, name: str) -> None:
         self._names.add(name)
         if self._task is None:
-            self._last = await self._latest()
+            try:
+                self._last = await self._latest()
+            except Exception as exc:  # down: the poller starts from the latest once it is back, with a GAP
+                logger.debug("%s: %s: %s; a GAP follows when it is back", type(self).__name__, type(exc).__name__, exc)
+                self._last = None
             self._task = self.sink.spawn(self._poll())
 
     async def unlisten(self, name: str) -> None:
@@ -138,6 +170,9 @@ class NumberedPoll(Transport):
         hole_since: float | None = None
         while self.store_open:
             try:
+                if self._last is None:
+                    self._last = await self._latest()
+                    self.sink.gap()  # what was published while the backend was down is not here
                 rows = await self._since(self._last)
             except Exception as exc:
                 logger.warning("%s: %s: %s; polling again", type(self).__name__, type(exc).__name__, exc)

@@ -10,6 +10,7 @@ The package::
     local.py             memory and SQLite entries
     redis.py             the machine's Redis, a 3-master Cluster; RedisServer: a redis-server of a test's own
     mongodb.py           MongoDB (KVSTORES_MONGODB_URL) or a SecantusDB server, by pymongo and by motor
+    sql.py               what the SQL-server entries share (SQLBackend), and the exercise of every operation
     postgresql.py        the machine's PostgreSQL, and private servers the fault tests stop and start
     mysql.py             MariaDB/MySQL (KVSTORES_MYSQL_URL) or a private MariaDB of the session's own,
                          and private servers the fault tests stop and crash
@@ -29,7 +30,8 @@ This module imports neither pytest nor a driver: the child processes of workers.
 and must start fast (the crash test kills them at start-up).
 
 Adding a backend = one ``tests/support/<backend>.py`` with a :class:`Backend` subclass + one
-line in :data:`BACKENDS`. Every test that takes the ``backend``, ``store`` or ``peer_store``
+line in :data:`BACKENDS` (its marker also selects ``tests/test_<marker>.py`` for CI's rerun with
+batching off: tests/conftest.py). Every test that takes the ``backend``, ``store`` or ``peer_store``
 fixture, the conformance suites, the model test, the corrupt-data and multi-process tests
 then run against it, and its marker selects or deselects it (``pytest -m "not mongodb"``).
 A table entry (a :class:`Backend` subclass) implements:
@@ -59,10 +61,17 @@ A table entry (a :class:`Backend` subclass) implements:
   put_many may be partly applied when the connection fails under it). Tests that run on "every
   persistent / networked / shared backend" pick their rows by these attributes
   (``fixtures.rows_with``), never by name, so a new backend joins them by its entry alone.
-- For a store that keeps its entries in one table of an SQL server, ``sql = True`` and
-  ``driver_errors``, ``rows_of(table, collection)`` and ``private_server()``: the server tests
-  of tests/test_sql_servers.py (first use by several processes, a SIGKILLed writer, a private
-  server stopped, crashed and started) then run on the row.
+- For a ``proxied`` row (its URL names one server): ``password_user`` (a user its server accepts
+  with any password) or an override of ``url_with_password(namespace, password)``, plus
+  ``accepts_password``, ``slow_server`` and ``tls_url(url)`` where the defaults do not fit: the
+  secrets test (tests/test_secrets_output.py) runs every command with a password in such URLs.
+- For a store that keeps its entries in one table of an SQL server, a subclass of
+  ``sql.SQLBackend`` (``sql = True``) with the driver's calls (``connect``, ``fetch``,
+  ``close``), ``driver_errors``, ``sql_error``, what the server reports (``prepared``,
+  ``waiting_on_locks``, ``lock_timeout``) and ``private_server()``: the server tests of
+  tests/test_sql_servers.py (first use by several processes, a SIGKILLed writer, the table's
+  name, schema versions, timeouts, a private server stopped, crashed and started) then run on
+  the row.
 """
 
 from __future__ import annotations
@@ -76,6 +85,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol, TypeVar
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 T = TypeVar("T")
 
@@ -144,6 +154,15 @@ class Backend:
     """True when the store keeps its entries in one table of an SQL server (tests/test_sql_servers.py)."""
     driver_errors: tuple[type[BaseException], ...] = ()
     """The driver's exceptions: a StoreConnectionError's ``__cause__`` is one of them (``sql`` rows)."""
+    password_user: str | None = None
+    """A user the server accepts with any password (no password set, or trust auth), which
+    :meth:`url_with_password` names; a ``proxied`` row sets it or overrides that method."""
+    accepts_password = True
+    """False when the server refuses every user and password (SecantusDB): the secrets test then
+    also reaches it with the password as a query option."""
+    slow_server = False
+    """True when the server is several times slower than the others (SecantusDB): tests that run
+    many commands on it run fewer."""
 
     def start(self) -> None:
         """Start or reach the service; raise Unavailable when it cannot be had."""
@@ -154,6 +173,29 @@ class Backend:
     def url(self, namespace: str) -> tuple[str, dict[str, Any]]:
         """A URL and options that open a store on ``namespace``, from any process."""
         raise NotImplementedError(f"{self.name}: no URL opens its stores")
+
+    def full_url(self, namespace: str) -> str:
+        """One URL (what a command line takes) that opens a store on ``namespace``: the options of
+        :meth:`url` in its query, a ``database`` option in its path."""
+        url, options = self.url(namespace)
+        options = dict(options)
+        database = options.pop("database", None)
+        if database is not None and urlsplit(url).path in ("", "/"):
+            url = urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
+        if not options:
+            return url  # as given: urlunsplit would turn sqlite:////abs.db into sqlite://abs.db
+        return url + ("&" if "?" in url else "?") + urlencode(options)
+
+    def url_with_password(self, namespace: str, password: str) -> str:
+        """:meth:`full_url` with ``password`` in its user info, which the server accepts unless
+        :attr:`accepts_password` is False (the secrets test; ``proxied`` rows)."""
+        if self.password_user is None:
+            raise NotImplementedError(f"{self.name}: its URLs carry no credentials")
+        return with_user_info(self.full_url(namespace), f"{self.password_user}:{quote(password, safe='')}")
+
+    def tls_url(self, url: str) -> str | None:
+        """``url`` asking for TLS to the same server, which speaks none (None: no such URL)."""
+        return None
 
     async def open(self, namespace: str, **options: Any) -> Any:
         """A new store object on ``namespace``: stores on one namespace share data."""
@@ -183,6 +225,13 @@ class Backend:
     async def connections(self, tag: str) -> int | None:
         """How many connections named ``tag`` the server holds now; None when it cannot tell."""
         return None
+
+
+def with_user_info(url: str, user_info: str) -> str:
+    """``url`` naming ``user_info`` (``user:password``, quoted; "" for none) before its host."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user_info}@{host}" if user_info else host))
 
 
 def marker(name: str) -> str:

@@ -217,11 +217,11 @@ class RawSession:
         return self
 
     @staticmethod
-    def request(request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    def request(request_id: int | str, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """A JSON-RPC request."""
         return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
 
-    def call(self, request_id: int, tool: str, arguments: dict[str, Any]) -> Any:
+    def call(self, request_id: int | str, tool: str, arguments: dict[str, Any]) -> Any:
         """Stream a tools/call that asks for progress: ``async with session.call(...) as response``."""
         params = {"name": tool, "arguments": arguments, "_meta": {"progressToken": f"p{request_id}"}}
         body = self.request(request_id, "tools/call", params)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -38,31 +37,44 @@ class ExampleServer:
     """examples/persistent_state/server.py running in a child process on a free port."""
 
     def __init__(self, store_url: str | None, cwd: Path) -> None:
+        self.store = ["--store", store_url] if store_url else []
+        self.cwd = cwd
+        self._spawn()
+
+    def _spawn(self) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
-        self.log = cwd / f"server-{self.port}.log"
-        store = ["--store", store_url] if store_url else []
+        self.log = self.cwd / f"server-{self.port}.log"
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, str(EXAMPLES / "server.py"), *store, "--port", str(self.port)],
-                cwd=cwd,
+                [sys.executable, str(EXAMPLES / "server.py"), *self.store, "--port", str(self.port)],
+                cwd=self.cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
 
     def wait_until_serving(self, timeout: float = 60.0) -> None:
-        """Block until the server accepts connections; fail with its log if it exits or hangs."""
+        """Block until the server says it is serving on its port; fail with its log if it exits or hangs.
+
+        Its own log line, not a connection to the port: the port was free when :func:`free_port`
+        chose it, but another test worker may have bound it since, and a connection would then
+        reach that process while this server exits. A server that finds its port taken is
+        started again on another.
+        """
         deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise AssertionError(f"server.py exited with {self.process.returncode}:\n{self.log.read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
+        for attempt in range(3):
+            while True:
+                log = self.log.read_text(errors="replace")
+                if f"Uvicorn running on http://127.0.0.1:{self.port} " in log:
+                    return
+                if self.process.poll() is not None:
+                    break
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"server.py did not start serving:\n{self.log.read_text()}") from None
+                    raise AssertionError(f"server.py did not start serving:\n{log}")
                 time.sleep(0.1)
+            if "address already in use" not in log or attempt == 2:
+                raise AssertionError(f"server.py exited with {self.process.returncode}:\n{log}")
+            self._spawn()
 
     def stop(self) -> None:
         """Stop the server (SIGTERM: uvicorn shuts down cleanly and the store is closed)."""
@@ -80,4 +92,9 @@ def example_servers(store_url: str | None, count: int, cwd: Path) -> Iterator[li
             servers.append(server)
         for server in servers:
             server.wait_until_serving()
-        yield [server.url for server in servers]
+        try:
+            yield [server.url for server in servers]
+        except BaseException:
+            for server in servers:  # pytest shows them beside the failure
+                print(f"-- {server.log.name}:\n{server.log.read_text(errors='replace')}")
+            raise

@@ -28,11 +28,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from tests.support import Unavailable
 
-__all__ = ["FaultProxy", "proxied", "through"]
+__all__ = ["FaultProxy", "direct_connection", "proxied", "through"]
 
 T = TypeVar("T")
 
@@ -240,6 +240,15 @@ def through(url: str, proxy: FaultProxy) -> str:
     credentials = parts.netloc.rpartition("@")[0]
     netloc = f"{credentials}@127.0.0.1:{proxy.port}" if credentials else f"127.0.0.1:{proxy.port}"
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def direct_connection(url: str) -> str:
+    """For MongoDB, ``directConnection=true``: the proxy's address is the only one pymongo may use."""
+    if not url.startswith("mongodb"):
+        return url
+    parts = urlsplit(url)
+    query = [*parse_qsl(parts.query), ("directConnection", "true")]
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 @contextmanager

@@ -5,6 +5,7 @@ tests/conftest.py registers this module as a plugin, so its fixtures serve every
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -21,6 +22,22 @@ def skip_or_fail(service: str, reason: str) -> NoReturn:
     if is_required(service):
         pytest.fail(f"{reason} (required by KVSTORES_REQUIRE)")
     pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def private_server(name: str) -> Iterator[Any]:
+    """A private server of row ``name``'s kind (``Backend.private_server``), started, and removed after
+    the block; skip, or fail when KVSTORES_REQUIRE names its service, when none can be had."""
+    try:
+        server = entry_class(name).private_server()
+        server.init()
+        server.start()
+    except Unavailable as exc:
+        skip_or_fail(marker(name), f"cannot start a private {name} server: {exc}")
+    try:
+        yield server
+    finally:
+        server.remove()
 
 
 def rows(*names: str) -> list[Any]:

@@ -117,6 +117,8 @@ class MongoDBBackend(Backend):
     name = "mongodb"
     server = True
     proxied = True
+    password_user = "app"
+    accepts_password = False  # SecantusDB refuses every user, and a MongoDB of KVSTORES_MONGODB_URL knows no "app"
     atomic_put_many = False  # an unordered bulk write may be partly applied
     process_operations = 500
     """A quarter of the default: SecantusDB is several times slower than the other servers (4 x 2,000
@@ -131,6 +133,7 @@ class MongoDBBackend(Backend):
             url = self.server.url
         else:
             self.process_operations = Backend.process_operations
+        self.slow_server = self.server is not None
         self.server_url = url
         self.database = str(parse_uri(url)["database"] or TEST_DATABASE)
 

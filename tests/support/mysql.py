@@ -4,41 +4,36 @@ The table's row reaches the server at KVSTORES_MYSQL_URL when it is set (a user 
 create and drop databases and users); otherwise it starts a private MariaDB server
 (:class:`MariaDBServer`: ``mariadb-install-db`` into a temporary folder, then ``mariadbd
 --user=mysql`` on a free loopback port; the machine's own server, if any, is never used) once
-per session and removes it at the end. Either way the row creates a database of its own and
-drops it at the end; each namespace is a table in that database (the store's ``table``
-option). The fault tests run private servers of their own, which they stop, kill and restart.
+per session and removes it at the end. Either way the row does what every SQL row does there
+(tests/support/sql.py). The fault tests run private servers of their own, which they stop, kill and restart.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit
 
+import anyio
 import asyncmy
 
-from tests.support import Backend, Unavailable, free_port, run_in_thread, stop_process
+from kvstores.backends.mysql import MySQLStore
+from tests.support import Unavailable, free_port, stop_process, with_user_info
+from tests.support.sql import SQLBackend
 
 URL_VARIABLE = "KVSTORES_MYSQL_URL"
 """Environment variable naming a server (and a database to connect to) the tests use instead of a private one."""
 
 MAX_ALLOWED_PACKET = "64M"
 """The private server's max_allowed_packet: a value of kvstores' largest size travels in one statement."""
-
-
-def with_database(url: str, database: str) -> str:
-    """``url`` naming ``database`` instead of its own."""
-    return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
 
 
 def connect_options(url: str) -> dict[str, Any]:
@@ -55,49 +50,6 @@ def connect_options(url: str) -> dict[str, Any]:
         "binary_prefix": True,
         "connect_timeout": 10,
     }
-
-
-def run_sql(url: str, *statements: str | tuple[str, Sequence[Any]]) -> list[Any]:
-    """Run each statement (SQL, or (SQL, arguments)) on one new connection; return each one's rows.
-
-    Runs on a thread of its own with its own event loop, so that sync code (fixtures, other
-    threads) and async tests alike can call it.
-    """
-
-    async def work() -> list[Any]:
-        results: list[Any] = []
-        connection = await asyncmy.connect(**connect_options(url))
-        try:
-            for statement in statements:
-                sql, arguments = (statement, ()) if isinstance(statement, str) else statement
-                async with connection.cursor() as cursor:
-                    await cursor.execute(sql, arguments or None)
-                    results.append(list(await cursor.fetchall()) if cursor.description else [])
-        finally:
-            connection.close()
-        return results
-
-    return run_in_thread(work, f"SQL on {urlsplit(url).netloc}")
-
-
-def create_database(url: str, prefix: str = "kvstores_tests") -> str:
-    """Create a database with a new name on the server of ``url``; return its URL."""
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    run_sql(url, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-    return with_database(url, name)
-
-
-def drop_database(url: str, database_url: str) -> None:
-    """Drop the database of ``database_url`` through ``url``."""
-    name = urlsplit(database_url).path.lstrip("/")
-    run_sql(url, f"DROP DATABASE IF EXISTS `{name}`")
-
-
-def table_name(namespace: str) -> str:
-    """The table of ``namespace``: the name itself when it is an identifier, else a digest of it."""
-    if re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", namespace):
-        return namespace
-    return "ns_" + hashlib.sha256(namespace.encode()).hexdigest()[:40]
 
 
 class _PortTaken(Exception):
@@ -247,17 +199,33 @@ class MariaDBServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-class MySQLBackend(Backend):
+class MySQLBackend(SQLBackend):
     """MySQLStore from a URL, on a database of the session's own; one table per namespace."""
 
     name = "mysql"
-    server = True
-    proxied = True
-    sql = True
+    store_class = MySQLStore
+    quote = "`"
+    sql_error = asyncmy.MySQLError
+    create_options = " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
     driver_errors = (OSError, asyncmy.MySQLError)
+
+    @classmethod
+    async def connect(cls, url: str) -> Any:
+        return await asyncmy.connect(**connect_options(url))
+
+    @staticmethod
+    async def fetch(connection: Any, sql: str, arguments: Sequence[Any]) -> list[Any]:
+        async with connection.cursor() as cursor:
+            await cursor.execute(sql, arguments or None)
+            return list(await cursor.fetchall()) if cursor.description else []
+
+    @staticmethod
+    async def close(connection: Any) -> None:
+        connection.close()
 
     def start(self) -> None:
         self.own_server: MariaDBServer | None = None
+        self.users: set[str] = set()  # made by url_with_password, dropped by stop
         self.server_url = os.environ.get(URL_VARIABLE, "")
         if not self.server_url:
             self.own_server = MariaDBServer()
@@ -269,7 +237,7 @@ class MySQLBackend(Backend):
                 raise
             self.server_url = self.own_server.url
         try:
-            self.database_url = create_database(self.server_url)
+            self.create_database()
         except (OSError, asyncmy.MySQLError) as exc:
             if self.own_server is not None:
                 self.own_server.remove()
@@ -277,35 +245,44 @@ class MySQLBackend(Backend):
 
     def stop(self) -> None:
         try:
-            drop_database(self.server_url, self.database_url)
+            for user in self.users:
+                self.run_sql(self.server_url, ("DROP USER IF EXISTS %s@'%%'", (user,)))
+            self.drop_database()
         finally:
             if self.own_server is not None:
                 self.own_server.remove()
 
-    def url(self, namespace: str) -> tuple[str, dict[str, Any]]:
-        return self.database_url, {"table": table_name(namespace)}
-
-    def rows_of(self, table: str, collection: str) -> dict[str, str]:
-        sql = f"SELECT `key`, value FROM `{table}` WHERE collection = %s"
-        try:
-            (found,) = run_sql(self.database_url, (sql, (collection.encode(),)))
-        except asyncmy.ProgrammingError:  # no table yet
-            return {}
-        return {bytes(key).decode(): value for key, value in found}
+    def url_with_password(self, namespace: str, password: str) -> str:
+        """As a user of the row's database created with ``password`` (no server user takes any password)."""
+        user = "kvstores_" + hashlib.sha256(password.encode()).hexdigest()[:12]
+        database = urlsplit(self.database_url).path.lstrip("/")
+        self.run_sql(
+            self.server_url,
+            ("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s", (user, password)),
+            (f"GRANT ALL PRIVILEGES ON `{database}`.* TO %s@'%%'", (user,)),
+        )
+        self.users.add(user)
+        return with_user_info(self.full_url(namespace), f"{user}:{quote(password, safe='')}")
 
     @staticmethod
     def private_server() -> MariaDBServer:
         return MariaDBServer()
 
-    def corrupt(self, store: Any, key: str, raw: str | bytes | int) -> None:
-        if not isinstance(raw, str):
-            import pytest
+    async def prepared(self, store: Any) -> int:
+        async with store.pool.acquire() as connection, connection.cursor() as cursor:
+            await cursor.execute("SHOW GLOBAL STATUS LIKE 'Prepared_stmt_count'")
+            ((_, count),) = await cursor.fetchall()
+            return int(count)
 
-            pytest.skip("MySQLStore's value column is text: bytes and numbers cannot be put there")
-        sql = f"UPDATE {store.table} SET value = %s WHERE collection = %s AND `key` = %s"
-        run_sql(self.database_url, (sql, (raw, b"default", key.encode())))
-        (found,) = run_sql(
-            self.database_url,
-            (f"SELECT value FROM {store.table} WHERE collection = %s AND `key` = %s", (b"default", key.encode())),
-        )
-        assert [row[0] for row in found] == [raw]
+    async def waiting_on_locks(self) -> int:
+        # the store's statements waiting (asyncmy formats no % when a statement has no arguments)
+        sql = "SELECT count(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'INSERT INTO%' AND COMMAND = 'Query'"
+        (found,) = await anyio.to_thread.run_sync(run_sql, self.database_url, sql)
+        return int(found[0][0])
+
+    def lock_timeout(self, seconds: float) -> dict[str, Any]:
+        return {"init_command": f"SET SESSION innodb_lock_wait_timeout = {max(1, round(seconds))}"}
+
+
+run_sql = MySQLBackend.run_sql
+table_name = MySQLBackend.table_name

@@ -1,9 +1,8 @@
 """PostgreSQL for the tests: the machine's server, and private servers the fault tests stop and start.
 
 The table's row reaches the server at KVSTORES_POSTGRESQL_URL (default: the machine's
-PostgreSQL 15 on 127.0.0.1:5432, trust auth), creates a database of its own for the session
-and drops it at the end; each namespace is a table in that database (the store's ``table``
-option). :class:`PostgresServer` runs a private server (``initdb`` / ``pg_ctl`` from
+PostgreSQL 15 on 127.0.0.1:5432, trust auth), and does what every SQL row does there
+(tests/support/sql.py). :class:`PostgresServer` runs a private server (``initdb`` / ``pg_ctl`` from
 ``pg_config --bindir``, as the ``postgres`` user when the tests run as root: the server
 refuses root) in a temporary folder on a free loopback port.
 """
@@ -12,21 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
-import re
 import shutil
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from tests.support import Backend, Unavailable, free_port, run_in_thread
+from kvstores.backends.postgresql import PostgreSQLStore
+from tests.support import Unavailable, free_port
+from tests.support.sql import SQLBackend
 
 URL_VARIABLE = "KVSTORES_POSTGRESQL_URL"
 """Environment variable naming the server (and a database to connect to) the tests use."""
@@ -40,81 +37,38 @@ def server_url() -> str:
     return os.environ.get(URL_VARIABLE, DEFAULT_URL)
 
 
-def with_database(url: str, database: str) -> str:
-    """``url`` naming ``database`` instead of its own."""
-    return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
-
-
-def run_sql(url: str, *statements: str | tuple[str, Sequence[Any]]) -> list[Any]:
-    """Run each statement (SQL, or (SQL, arguments)) on one new connection; return each one's rows.
-
-    Runs on a thread of its own with its own event loop, so that sync code (fixtures, other
-    threads) and async tests alike can call it.
-    """
-
-    async def work() -> list[Any]:
-        results: list[Any] = []
-        connection = await asyncpg.connect(url, timeout=10)
-        try:
-            for statement in statements:
-                sql, arguments = (statement, ()) if isinstance(statement, str) else statement
-                results.append(await connection.fetch(sql, *arguments, timeout=30))
-        finally:
-            await connection.close()
-        return results
-
-    return run_in_thread(work, f"SQL on {urlsplit(url).netloc}")
-
-
-def create_database(url: str, prefix: str = "kvstores_tests") -> str:
-    """Create a database with a new name on the server of ``url``; return its URL."""
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    run_sql(url, f'CREATE DATABASE "{name}"')
-    return with_database(url, name)
-
-
-def drop_database(url: str, database_url: str) -> None:
-    """Drop the database of ``database_url`` (disconnecting its clients) through ``url``."""
-    name = urlsplit(database_url).path.lstrip("/")
-    run_sql(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def table_name(namespace: str) -> str:
-    """The table of ``namespace``: the name itself when it is an identifier, else a digest of it."""
-    if re.fullmatch(r"[a-z_][a-z0-9_]{0,54}", namespace):
-        return namespace
-    return "ns_" + hashlib.sha256(namespace.encode()).hexdigest()[:40]
-
-
-class PostgreSQLBackend(Backend):
+class PostgreSQLBackend(SQLBackend):
     """PostgreSQLStore from a URL, on a database of the session's own; one table per namespace."""
 
     name = "postgresql"
-    server = True
-    proxied = True
-    sql = True
+    store_class = PostgreSQLStore
+    quote = '"'
+    sql_error = asyncpg.PostgresError
+    drop_options = " WITH (FORCE)"
+    password_user = "postgres"  # trust auth
     driver_errors = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+
+    @classmethod
+    async def connect(cls, url: str) -> Any:
+        return await asyncpg.connect(url, timeout=10)
+
+    @staticmethod
+    async def fetch(connection: Any, sql: str, arguments: Sequence[Any]) -> list[Any]:
+        return list(await connection.fetch(sql, *arguments, timeout=30))
+
+    @staticmethod
+    async def close(connection: Any) -> None:
+        await connection.close()
 
     def start(self) -> None:
         self.server_url = server_url()
         try:
-            self.database_url = create_database(self.server_url)
+            self.create_database()
         except (OSError, asyncpg.PostgresError) as exc:
             raise Unavailable(f"no PostgreSQL at {self.server_url}: {exc}") from exc
 
     def stop(self) -> None:
-        drop_database(self.server_url, self.database_url)
-
-    def url(self, namespace: str) -> tuple[str, dict[str, Any]]:
-        return self.database_url, {"table": table_name(namespace)}
-
-    def rows_of(self, table: str, collection: str) -> dict[str, str]:
-        (exists,) = run_sql(self.database_url, ("SELECT to_regclass($1) IS NOT NULL", (f'"{table}"',)))
-        if not exists[0][0]:
-            return {}
-        sql = f'SELECT key, value FROM "{table}" WHERE collection = $1'
-        (found,) = run_sql(self.database_url, (sql, (collection.encode(),)))
-        return {bytes(key).decode(): value for key, value in found}
+        self.drop_database()
 
     @staticmethod
     def private_server() -> PostgresServer:
@@ -128,14 +82,21 @@ class PostgreSQLBackend(Backend):
         (rows,) = await asyncio.to_thread(run_sql, self.database_url, (sql, (tag,)))
         return int(rows[0][0])
 
-    def corrupt(self, store: Any, key: str, raw: str | bytes | int) -> None:
-        if not isinstance(raw, str):
-            import pytest
+    async def prepared(self, store: Any) -> int:
+        async with store.pool.acquire() as connection:  # the pool's one connection
+            return int(await connection.fetchval("SELECT count(*) FROM pg_prepared_statements"))
 
-            pytest.skip("PostgreSQLStore's value column is text: bytes and numbers cannot be put there")
-        sql = f"UPDATE {store.table} SET value = $1 WHERE collection = $2 AND key = $3 RETURNING 1"
-        (updated,) = run_sql(self.database_url, (sql, (raw, b"default", key.encode())))
-        assert len(updated) == 1
+    async def waiting_on_locks(self) -> int:
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        (rows,) = await asyncio.to_thread(run_sql, self.database_url, sql)
+        return int(rows[0][0])
+
+    def lock_timeout(self, seconds: float) -> dict[str, Any]:
+        return {"server_settings": {"lock_timeout": str(round(seconds * 1000))}}
+
+
+run_sql = PostgreSQLBackend.run_sql
+table_name = PostgreSQLBackend.table_name
 
 
 def bindir() -> Path:

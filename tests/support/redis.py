@@ -114,6 +114,10 @@ class RedisBackend(Backend):
     name = "redis"
     server = True
     proxied = True
+    password_user = ""  # the server has no password: redis-py then ignores the one it sends
+
+    def tls_url(self, url: str) -> str:
+        return url.replace("redis://", "rediss://", 1)
 
     def start(self) -> None:
         try:

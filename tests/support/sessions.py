@@ -82,8 +82,9 @@ class SessionServer:
         self.process.wait()
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL."""
+        """SIGTERM, then SIGKILL (SIGCONT first: a process a test froze with SIGSTOP would only take the SIGKILL)."""
         if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
             stop_process(self.process, timeout=5)
 
 
@@ -158,6 +159,19 @@ def build_app(
         return "done"
 
     @mcp.tool
+    async def counted_steps(steps: int, pause: float, counter: str, ctx: Context) -> str:
+        """stream_steps that adds one to ``counter`` in the store once its last step is done: its side effect."""
+        await stream_steps(steps, pause, ctx)
+        await store.update(counter, _add_one, collection=COUNTERS)
+        return "done"
+
+    @mcp.tool
+    async def count(counter: str) -> int:
+        """How many counted_steps calls with ``counter`` completed."""
+        value = await store.get(counter, collection=COUNTERS)
+        return 0 if value is None else int(value["n"])
+
+    @mcp.tool
     async def set_state(key: str, value: str, ctx: Context) -> str:
         await ctx.set_state(key, value)
         return ctx.session_id
@@ -187,6 +201,14 @@ def build_app(
         idle_ttl=idle_ttl,
         retry_interval=RECONNECT_MS,
     )
+
+
+COUNTERS = "test_counters"
+"""The collection of counted_steps' counters."""
+
+
+def _add_one(old: dict[str, Any] | None) -> dict[str, Any]:
+    return {"n": (old or {"n": 0})["n"] + 1}
 
 
 def main() -> None:

@@ -1,0 +1,39 @@
+"""Durable MCP background tasks on any kvstores store with atomic operations.
+
+::
+
+    from fastmcp import FastMCP
+    from kvstores import open_store
+    from kvstores.tasks import StoreTasks
+
+    store = open_store("postgresql://app@db/app")
+    mcp = FastMCP("app", session_state_store=store)
+    mcp.add_extension(StoreTasks(store))        # in place of fastmcp_tasks.TasksExtension
+
+    @mcp.tool(task=True)
+    async def analyze(dataset: str) -> str: ...
+
+The engine (:mod:`kvstores.tasks._engine`) keeps each task as one record on the store, claims
+it with a leased compare-and-set and fences every later write on the lease's token; the worker
+(:mod:`kvstores.tasks._worker`) runs in every server process; the extension
+(:mod:`kvstores.tasks._extension`) speaks the wire of ``fastmcp-tasks``.
+"""
+
+from __future__ import annotations
+
+from kvstores.tasks._client import TaskClient
+from kvstores.tasks._engine import DEFAULT_LEASE, DEFAULT_TTL, TaskEngine
+from kvstores.tasks._extension import StoreTasks, serve_worker
+from kvstores.tasks._worker import DEFAULT_CONCURRENCY, DEFAULT_RESCAN, Worker
+
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_LEASE",
+    "DEFAULT_RESCAN",
+    "DEFAULT_TTL",
+    "StoreTasks",
+    "TaskClient",
+    "TaskEngine",
+    "Worker",
+    "serve_worker",
+]

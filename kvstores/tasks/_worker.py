@@ -1,0 +1,213 @@
+"""The worker: claims runnable tasks from the store and runs them, ``concurrency`` at a time.
+
+Pickup is woken by the signal channel (``submit <id>`` names the task, so a free worker claims
+it at once); a rescan of the queue every ``rescan`` seconds, and at once after a GAP of the
+channel, finds what a lost signal or an expired lease left runnable. A running task's lease is
+renewed every third of its length; a ``cancel <id>`` signal, or a renewal that finds the lease
+lost, cancels the tool's asyncio task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvstores._telemetry import span
+from kvstores.errors import EncryptionKeyError, KVStoreError
+from kvstores.tasks._engine import SIGNALS, Claim, TaskEngine, label
+
+__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_RESCAN", "Outcome", "Worker"]
+
+logger = logging.getLogger("kvstores.tasks")
+
+DEFAULT_CONCURRENCY = 10
+"""Tasks one worker runs at once."""
+
+DEFAULT_RESCAN = 2.5
+"""Seconds between two rescans of the queue (lost signals, expired leases)."""
+
+
+_RELEASE_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: a state (completed, failed or input_required) and the record fields it sets."""
+
+    state: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+Execute = Callable[[Claim, TaskEngine], Coroutine[Any, Any, Outcome]]
+"""Runs a claimed task's tool and says how it ended (the FastMCP side provides it)."""
+
+
+class Worker:
+    """Runs the tasks of one store: ``await worker.run()`` until cancelled."""
+
+    def __init__(
+        self,
+        engine: TaskEngine,
+        execute: Execute,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        rescan: float = DEFAULT_RESCAN,
+    ) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an int >= 1, not {concurrency!r}")
+        if isinstance(rescan, bool) or not isinstance(rescan, (int, float)) or not 0 < rescan < 3_600:
+            raise ValueError(f"rescan must be a number of seconds in (0, 3600), not {rescan!r}")
+        self.engine = engine
+        self.execute = execute
+        self.concurrency = concurrency
+        self.rescan = float(rescan)
+        self.running: dict[str, asyncio.Task[None]] = {}
+        self._tools: dict[str, asyncio.Task[Outcome]] = {}
+        self._hints: list[str] = []
+        self._wake = asyncio.Event()
+        self._full_scan = True
+
+    async def run(self) -> None:
+        """Serve until cancelled; running tools are cancelled with it (their tasks run again elsewhere)."""
+        from kvstores.signals import channel
+
+        unsubscribe = None
+        try:
+            unsubscribe = await channel(self.engine.store).listen(SIGNALS, self._on_message, self._on_gap)
+        except (KVStoreError, TypeError, OSError) as exc:
+            logger.warning("tasks: no signal channel (%s); the worker rescans every %g s", exc, self.rescan)
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.rescan)
+                    # a wake-up, not the rescan timer
+                if not self._wake.is_set():
+                    self._full_scan = True
+                self._wake.clear()
+                try:
+                    await self._fill()
+                except (KVStoreError, OSError) as exc:
+                    logger.warning("tasks: pickup failed (%s); retrying at the next rescan", exc)
+        finally:
+            if unsubscribe is not None:
+                unsubscribe()
+            tasks = list(self.running.values())
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def offer(self, task_id: str) -> None:
+        """A task just submitted in this process: claim it at the next turn if a slot is free."""
+        self._hints.append(task_id)
+        self._wake.set()
+
+    def _on_message(self, message: str) -> None:
+        kind, _, task_id = message.partition(" ")
+        if kind == "submit":
+            self.offer(task_id)
+        elif kind == "cancel" and task_id in self._tools:
+            logger.info("tasks: task %s cancelled; stopping its tool", label(task_id))
+            self._tools[task_id].cancel()
+
+    def _on_gap(self) -> None:
+        self._full_scan = True
+        self._wake.set()
+
+    async def _fill(self) -> None:
+        """Claim runnable tasks while a slot is free: the signalled ones, then (when due) the whole queue."""
+        hints, self._hints = self._hints, []
+        candidates = list(dict.fromkeys(hints))
+        hinted = len(candidates)
+        if self._full_scan:
+            self._full_scan = False
+            candidates += [task_id for task_id in await self.engine.runnable() if task_id not in candidates]
+        for index, task_id in enumerate(candidates):
+            if len(self.running) >= self.concurrency:
+                # what did not fit waits for a free slot: the hinted ids as they are, the rest by a scan
+                self._hints[:0] = candidates[index:hinted]
+                self._full_scan = self._full_scan or len(candidates) > hinted
+                return
+            if task_id in self.running:
+                continue
+            try:
+                claim = await self.engine.claim(task_id)
+            except EncryptionKeyError:
+                continue  # reported beside the record by claim(): the task fails, the tool never runs
+            if claim is not None:
+                self._start(claim)
+
+    def _start(self, claim: Claim) -> None:
+        task = asyncio.get_running_loop().create_task(self._run(claim), name=f"kvstores task {label(claim.task_id)}")
+        self.running[claim.task_id] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            self.running.pop(claim.task_id, None)
+            if self._hints or self._full_scan:  # a slot is free for what waits (a lone finish lists nothing)
+                self._wake.set()
+
+        task.add_done_callback(done)
+
+    async def _run(self, claim: Claim) -> None:
+        """Run one claimed task: the tool beside its lease's heartbeat, then its outcome, fenced."""
+        attributes = {
+            "kvstores.task": label(claim.task_id),
+            "kvstores.task.tool": claim.record["tool"],
+            "kvstores.task.attempt": claim.record["attempts"],
+            "kvstores.worker": self.engine.worker_id,
+        }
+        with span("kvstores.tasks run", attributes):
+            await self._run_claimed(claim)
+
+    async def _run_claimed(self, claim: Claim) -> None:
+        tool: asyncio.Task[Outcome] = asyncio.get_running_loop().create_task(self.execute(claim, self.engine))
+        self._tools[claim.task_id] = tool
+        beat = asyncio.get_running_loop().create_task(self._heartbeat(claim, tool))
+        try:
+            outcome = await tool
+        except Exception as exc:  # the run itself broke (not the tool: execute turns its errors into outcomes)
+            logger.exception("tasks: running task %s failed", label(claim.task_id))
+            message = f"the worker could not run the task: {type(exc).__name__}: {exc}"
+            outcome = Outcome("failed", {"error": {"code": -32603, "message": message}, "message": message})
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                await self._release(claim)  # the worker stops: the task runs again elsewhere at once
+                raise
+            return  # the task was cancelled (or its lease lost): nothing of this run is written
+        finally:
+            self._tools.pop(claim.task_id, None)
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+        if not await self.engine.finish(claim, outcome.state, **outcome.fields):
+            logger.warning("tasks: the lease of task %s was lost; this run's outcome is dropped", label(claim.task_id))
+
+    async def _release(self, claim: Claim) -> None:
+        """Give the task back within a second, or leave it to its lease (the store may be down)."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.engine.release(claim)), _RELEASE_SECONDS)
+        except (TimeoutError, KVStoreError, OSError) as exc:
+            logger.warning(
+                "tasks: could not give back task %s (%s); it runs again after its lease", label(claim.task_id), exc
+            )
+
+    async def _heartbeat(self, claim: Claim, tool: asyncio.Task[Outcome]) -> None:
+        interval = self.engine.lease / 3
+        while not tool.done():
+            await asyncio.sleep(interval)
+            try:
+                held = await self.engine.heartbeat(claim)
+            except (KVStoreError, OSError) as exc:
+                logger.warning("tasks: renewing the lease of task %s failed: %s", label(claim.task_id), exc)
+                continue
+            if not held:
+                logger.warning(
+                    "tasks: task %s is no longer ours (cancelled, or re-run after our lease lapsed)",
+                    label(claim.task_id),
+                )
+                tool.cancel()
+                return

@@ -1,0 +1,286 @@
+"""kvstores.tasks through real servers: the tasks extension's wire over HTTP, on every row of the table.
+
+A FastMCP server with StoreTasks runs on a uvicorn thread (its own store object and event loop) and
+:class:`tests.support.tasks.TaskWire` drives it. Across processes, and when
+things go wrong: tests/test_tasks_processes.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from kvstores import open_store
+from kvstores._sealing import generate_key
+from kvstores.errors import EncryptionKeyError
+from kvstores.tasks._engine import QUEUE, RECORDS
+from tests.support import Backend
+from tests.support.faults import direct_connection, proxied
+from tests.support.fixtures import rows, rows_with
+from tests.support.tasks import RUNS, TaskWire, ThreadServer, build_server, run_log
+
+pytestmark = pytest.mark.anyio
+
+
+def served_store(backend: Backend, namespace: str, store: Any, **options: Any) -> Any:
+    """The server's own store object on ``namespace``, opened from its URL (a row's client object is bound to
+    the test's event loop; the server runs its own), or the test's ``store`` itself where data is per object."""
+    if not backend.persistent:
+        return store
+    url, defaults = backend.url(namespace)
+    return open_store(url, **{**defaults, **options})
+
+
+class Served:
+    """A task server on a thread and a client of it."""
+
+    def __init__(self, server: ThreadServer, wire: TaskWire) -> None:
+        self.server = server
+        self.wire = wire
+
+
+async def serve(backend: Backend, namespace: str, store: Any, *, auth: bool = False, **options: Any) -> Served:
+    """Start a server (the caller stops it)."""
+    server_store = served_store(backend, namespace, store)
+    server = ThreadServer(build_server(server_store, auth=auth, **options).http_app()).__enter__()
+    return Served(server, TaskWire(server.url, token="token-x" if auth else None))
+
+
+@pytest.fixture
+async def served(backend: Backend, namespace: str, store: Any) -> AsyncIterator[Served]:
+    """A task server with the default options on the row's store."""
+    running = await serve(backend, namespace, store)
+    yield running
+    await running.wire.aclose()
+    running.server.__exit__()
+
+
+def _error(answer: dict[str, Any]) -> dict[str, Any]:
+    assert "error" in answer, answer
+    error: dict[str, Any] = answer["error"]
+    return error
+
+
+# -- the wire, every row ----------------------------------------------------------------------
+
+
+async def test_a_task_runs_and_its_result_is_polled(served: Served) -> None:
+    answer = await served.wire.call("echo", {"text": "hi"})
+    created = answer["result"]
+    assert created["resultType"] == "task" and created["status"] == "working"
+    assert created["ttlMs"] == 3_600_000 and created["pollIntervalMs"] == 5_000
+    assert len(created["taskId"]) >= 43  # 32 random bytes, URL-safe base64
+    done = await served.wire.wait(created["taskId"])
+    assert done["status"] == "completed", done
+    assert done["result"]["structuredContent"] == {"result": "echo hi"}
+    assert done["createdAt"] == created["createdAt"] and done["lastUpdatedAt"] >= created["createdAt"]
+    assert "error" not in done and "inputRequests" not in done
+
+
+async def test_a_raising_tool_completes_with_an_error_result_and_a_protocol_fault_fails(served: Served) -> None:
+    raised = await served.wire.wait(await served.wire.submit("boom", {"text": "x"}))
+    assert raised["status"] == "completed" and raised["result"]["isError"] is True
+    assert "boom x" in raised["result"]["content"][0]["text"]
+    failed = await served.wire.wait(await served.wire.submit("fault", {}))
+    assert failed["status"] == "failed"
+    assert failed["error"] == {"code": -32001, "message": "a protocol fault"}
+    assert failed["statusMessage"] == "a protocol fault" and "result" not in failed
+
+
+async def test_modes_optional_required_forbidden(served: Served) -> None:
+    inline = await served.wire.call("echo", {"text": "a"}, declare=False)
+    assert inline["result"]["structuredContent"] == {"result": "echo a"}
+    refused = _error(await served.wire.call("required_echo", {"text": "a"}, declare=False))
+    assert refused["code"] == -32021
+    assert refused["data"] == {"requiredCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}
+    tasked = await served.wire.wait(await served.wire.submit("required_echo", {"text": "b"}))
+    assert tasked["result"]["structuredContent"] == {"result": "required b"}
+    forbidden = await served.wire.call("plain_echo", {"text": "c"})
+    assert forbidden["result"]["structuredContent"] == {"result": "plain c"}
+    assert "taskId" not in forbidden["result"]
+    undeclared = _error(await served.wire.request("tasks/get", {"taskId": "x"}, declare=False))
+    assert undeclared["code"] == -32021
+
+
+async def test_cancel_reaches_the_running_tool_within_a_second(served: Served) -> None:
+    marker = uuid.uuid4().hex
+    task_id = await served.wire.submit("sleeper", {"seconds": 60, "marker": marker})
+    deadline = time.monotonic() + 30
+    while (await run_log(served.wire, marker))["runs"] is None:
+        assert time.monotonic() < deadline, "the tool never started"
+        await asyncio.sleep(0.05)
+    asked = time.time()
+    assert "result" in await served.wire.cancel(task_id)
+    assert (await served.wire.get(task_id))["result"]["status"] == "cancelled"
+    while (cancelled := (await run_log(served.wire, marker))["cancelled"]) is None:
+        assert time.monotonic() < deadline, "the tool was never cancelled"
+        await asyncio.sleep(0.05)
+    assert cancelled["at"] - asked < 1.0
+    # a terminal task stays as it is; cancelling it again is acknowledged (as fastmcp-tasks does)
+    assert "result" in await served.wire.cancel(task_id)
+    done = await served.wire.wait(await served.wire.submit("echo", {"text": "x"}))
+    assert "result" in await served.wire.cancel(done["taskId"])
+    assert (await served.wire.get(done["taskId"]))["result"]["status"] == "completed"
+    for odd in ("x" * 5_000, "fault/" + task_id):
+        assert _error(await served.wire.get(odd))["code"] == -32602
+    assert _error(await served.wire.cancel("no-such-task")) == {
+        "code": -32602,
+        "message": "Task no-such-task not found",
+    }
+
+
+@pytest.mark.parametrize(("tool", "text"), [("stepper", "step {} of 4"), ("reporter", "report {}")])
+async def test_progress_is_visible_while_polling(served: Served, tool: str, text: str) -> None:
+    task_id = await served.wire.submit(tool, {"steps": 4, "pause": 0.4})
+    seen = set()
+    deadline = time.monotonic() + 30
+    while (status := (await served.wire.get(task_id))["result"])["status"] == "working":
+        if status.get("statusMessage"):
+            seen.add(status["statusMessage"])
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    assert status["status"] == "completed", status
+    assert len(seen & {text.format(step) for step in range(1, 5)}) >= 3, seen
+
+
+async def test_input_required_then_update_reenters_the_tool(served: Served) -> None:
+    task_id = await served.wire.submit("ask", {})
+    waiting = await served.wire.wait(task_id, until=("input_required", "completed", "failed"))
+    assert waiting["status"] == "input_required", waiting
+    [key] = waiting["inputRequests"]
+    assert waiting["inputRequests"][key]["method"] == "elicitation/create"
+    assert "result" in await served.wire.update(task_id, {"unknown-key": {"action": "decline"}})
+    assert _error(await served.wire.update(task_id, {key: {"action": "not-an-action"}}))["code"] == -32602
+    assert (await served.wire.get(task_id))["result"]["status"] == "input_required"
+    assert "result" in await served.wire.update(task_id, {key: {"action": "accept", "content": {"name": "ada"}}})
+    done = await served.wire.wait(task_id)
+    assert done["result"]["structuredContent"] == {"result": "hello ada"}
+
+
+async def test_another_principal_sees_an_unknown_task(backend: Backend, namespace: str, store: Any) -> None:
+    running = await serve(backend, namespace, store, auth=True)
+    other = TaskWire(running.server.url, token="token-y")
+    try:
+        task_id = await running.wire.submit("whoami", {})
+        mine = await running.wire.wait(task_id)
+        assert mine["result"]["structuredContent"]["client_id"] == "principal-x"
+        unknown = "A" * len(task_id)
+        for call in (other.get, other.cancel, lambda task: other.update(task, {"k": {}})):
+            theirs, nobodys = _error(await call(task_id)), _error(await call(unknown))
+            assert theirs == {**nobodys, "message": nobodys["message"].replace(unknown, task_id)}
+        assert (await running.wire.get(task_id))["result"]["status"] == "completed"
+    finally:
+        await other.aclose()
+        await running.wire.aclose()
+        running.server.__exit__()
+
+
+async def test_the_caller_identity_and_headers_reach_the_tool(backend: Backend, namespace: str, store: Any) -> None:
+    running = await serve(backend, namespace, store, auth=True)
+    wire = TaskWire(running.server.url, token="token-x", headers={"x-marker": "m-42"})
+    try:
+        done = await wire.wait(await wire.submit("whoami", {}))
+        assert done["result"]["structuredContent"] == {"client_id": "principal-x", "marker": "m-42"}
+    finally:
+        await wire.aclose()
+        await running.wire.aclose()
+        running.server.__exit__()
+
+
+async def test_after_its_ttl_a_task_is_unknown_and_reclaimed(backend: Backend, namespace: str, store: Any) -> None:
+    running = await serve(backend, namespace, store, ttl=4)
+    try:
+        task_id = await running.wire.submit("echo", {"text": "x"})
+        done = await running.wire.wait(task_id)
+        assert done["ttlMs"] == 4_000
+        await asyncio.sleep(4.5)
+        assert _error(await running.wire.get(task_id))["code"] == -32602
+        if backend.persistent:
+            assert await store.get(task_id, collection=RECORDS) is None
+            assert await store.get(task_id, collection=QUEUE) is None
+    finally:
+        await running.wire.aclose()
+        running.server.__exit__()
+
+
+async def test_a_result_too_large_for_the_store_fails_the_task(served: Served) -> None:
+    failed = await served.wire.wait(await served.wire.submit("huge", {"megabytes": 20}), within=60)
+    assert failed["status"] == "failed"
+    assert "cannot be stored" in failed["error"]["message"] and "result" not in failed
+
+
+@pytest.mark.parametrize("backend", rows("redis"), indirect=True)
+async def test_the_store_down_at_creation_fails_the_call_and_creates_nothing(backend: Backend) -> None:
+    from tests.support import free_port
+
+    dead = open_store(f"redis://127.0.0.1:{free_port()}/0?timeout=1")
+    server = ThreadServer(build_server(dead).http_app()).__enter__()
+    wire = TaskWire(server.url)
+    try:
+        error = _error(await wire.call("echo", {"text": "x"}))
+        assert error["code"] == -32603 and "could not be stored" in error["message"]
+    finally:
+        await wire.aclose()
+        server.__exit__()
+
+
+@pytest.mark.parametrize("backend", rows_with("persistent"), indirect=True)
+async def test_values_are_sealed_at_rest(backend: Backend, namespace: str, store: Any) -> None:
+    key = generate_key()
+    running = await serve_with_keys(backend, namespace, [key])
+    try:
+        task_id = await running.wire.submit("echo", {"text": "secret-argument"})
+        done = await running.wire.wait(task_id)
+        assert done["result"]["structuredContent"] == {"result": "echo secret-argument"}
+        with pytest.raises(EncryptionKeyError):
+            await store.get(task_id, collection=RECORDS)  # no keys: the value cannot be read
+    finally:
+        await running.wire.aclose()
+        running.server.__exit__()
+
+
+async def serve_with_keys(backend: Backend, namespace: str, keys: list[str]) -> Served:
+    """A task server whose store seals its values under ``keys``."""
+    server_store = served_store(backend, namespace, None, encryption_keys=keys)
+    server = ThreadServer(build_server(server_store).http_app()).__enter__()
+    return Served(server, TaskWire(server.url))
+
+
+# -- processes: rows whose stores share data between processes ----------------------------------
+
+
+@pytest.mark.parametrize("backend", rows_with("proxied"), indirect=True)
+async def test_the_store_down_while_a_task_runs_loses_no_result(backend: Backend, namespace: str, store: Any) -> None:
+    url, options = backend.url(namespace)
+    with proxied(url) as (proxy, through_proxy):
+        server_store = open_store(direct_connection(through_proxy), **{**options, "timeout": 1})
+        server = ThreadServer(build_server(server_store).http_app()).__enter__()
+        wire = TaskWire(server.url)
+        try:
+            marker = uuid.uuid4().hex
+            task_id = await wire.submit("counted", {"seconds": 2, "marker": marker})
+            deadline = time.monotonic() + 30
+            while await store.get(marker, collection=RUNS) is None:
+                assert time.monotonic() < deadline, "the tool never started"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # the tool's own write has its reply
+            proxy.blackhole()  # the tool finishes while the store cannot be reached
+            await asyncio.sleep(4)
+            record = await store.get(task_id, collection=RECORDS)
+            assert record is not None and record["state"] == "working"
+            proxy.reset_all()
+            proxy.heal()
+            while (record := await store.get(task_id, collection=RECORDS))["state"] == "working":
+                assert time.monotonic() < deadline + 30, "the outcome was never written"
+                await asyncio.sleep(0.1)
+            assert record["state"] == "completed" and record["result"]["structuredContent"]["result"].startswith("pid")
+            assert record["attempts"] == 1
+            assert (await wire.get(task_id))["result"]["status"] == "completed"
+        finally:
+            await wire.aclose()
+            server.__exit__()
