@@ -38,6 +38,13 @@ PAUSE = 0.002
 CLIENT_NAME = "kvstores-soak"
 RSS_ALLOWANCE_MB = 25.0
 """RSS may grow this much after the warm-up (allocator noise, caches filling), no more."""
+FD_ALLOWANCE = 6
+"""Descriptors may grow this much after the warm-up: pools open connections lazily, when contention
+first asks for one (a CI run saw 44 become 46 at 49 s). A leak grows with the calls, hundreds of
+thousands of them, not by a few."""
+TASK_ALLOWANCE = 20
+"""Tasks beyond the workers, the test and two batch flushers a store: the drivers' own background
+tasks (pymongo's monitors) and transient ones. A leak of one task per many calls exceeds it."""
 
 pytestmark = [
     pytest.mark.soak,
@@ -172,9 +179,7 @@ async def test_soak(started: dict[str, Backend | str], capsys: pytest.CaptureFix
     assert not soak.failures, soak.failures[:5]
     assert not [str(w.message) for w in caught], [str(w.message) for w in caught][:5]
     assert peak["rss_mb"] - baseline.rss_mb <= RSS_ALLOWANCE_MB, report
-    assert peak["fds"] - baseline.fds <= 2, report
-    # the workers, the test, transient batch flushers (one per coalescer: two a store) and the
-    # drivers' own background tasks (pymongo's monitors): a leak of one task per many calls exceeds it
-    assert peak["tasks"] <= len(stores) * (WORKERS + 2) + 10, report
+    assert peak["fds"] - baseline.fds <= FD_ALLOWANCE, report
+    assert peak["tasks"] <= len(stores) * (WORKERS + 2) + TASK_ALLOWANCE, report
     for server, count in end.server_connections.items():
         assert count <= max(s.server_connections[server] for s in samples[:2]) + 1, report
