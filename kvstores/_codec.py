@@ -46,6 +46,7 @@ MAX_TTL_SECONDS = 10 * 365 * 24 * 60 * 60
 """Longest TTL accepted: ten years. Use ``ttl=None`` for entries that never expire."""
 
 _CONTAINERS = (dict, list, tuple)
+_CONTAINER_TYPES = frozenset(_CONTAINERS)
 _SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
@@ -192,8 +193,51 @@ def _dumps_padded(value: dict[str, Any]) -> bytes:
     return raw[_PADDING:-_PADDING]
 
 
-def _encode_fast(value: dict[str, Any]) -> str:
-    """The compact JSON text of ``value`` through orjson; raise _NotPlainJSON when unsure.
+_WALK_ITEMS = 64
+"""Values with at most this many items in all their dicts and lists are walked in Python (a
+few hundred ns): the walk vouches for their depth and tells whether marshal reads them back
+as JSON would. Larger values are checked by orjson alone (padded or bracket-counted)."""
+
+# A walked value is nested at most _WALK_ITEMS + 1 deep (each level but the last holds an item),
+# which is below MAX_DEPTH: the walk alone vouches for the depth.
+
+
+def _marshal_reads_back(value: dict[str, Any]) -> bool | None:
+    """None when ``value`` holds more than _WALK_ITEMS items; else whether marshal reads it back as JSON would.
+
+    It would not for a tuple (JSON reads a list) or a container met twice (marshal would share
+    it between the two places, JSON reads two). Only exact built-in types are here: marshal
+    has refused every other type already.
+    """
+    if len(value) > _WALK_ITEMS:
+        return None
+    for item in value.values():
+        if item.__class__ in _CONTAINER_TYPES:
+            break
+    else:
+        return True  # the common case, a dict of scalars
+    stack: list[Any] = [value]
+    seen = {id(value)}
+    items = 0
+    reads_back = True
+    while stack:  # to the end, whatever it finds: the walk also vouches for the depth
+        node = stack.pop()
+        items += len(node)
+        if items > _WALK_ITEMS:
+            return None
+        for item in node.values() if type(node) is dict else node:
+            kind = type(item)
+            if kind is dict or kind is list or kind is tuple:
+                if kind is tuple or id(item) in seen:
+                    reads_back = False
+                seen.add(id(item))
+                stack.append(item)
+    return reads_back
+
+
+def _encode_fast(value: dict[str, Any], native: bool = False) -> tuple[bytes, bytes | None]:
+    """orjson's compact JSON of ``value`` and, when ``native`` and it reads back as the JSON
+    does, its marshal form (else None); raise _NotPlainJSON when unsure.
 
     The text is json.dumps' own but for the spelling of floats below 1e-4 (the same values).
 
@@ -204,20 +248,21 @@ def _encode_fast(value: dict[str, Any]) -> str:
     marshal, a C walk that takes only the exact built-in types, screens the value for those.
     """
     raw = orjson.dumps(value, _not_plain, _ORJSON_OPTIONS)
-    # too deep only if longer than MAX_DEPTH times "[]" and with more than MAX_DEPTH brackets
-    if len(raw) > 2 * MAX_DEPTH and (len(raw) > _COUNT_BYTES or raw.count(b"[") + raw.count(b"{") > MAX_DEPTH):
-        raw = _dumps_padded(value)
     if len(raw) > _FAST_MAX_BYTES:
         raise _NotPlainJSON
     try:
         screened = marshal.dumps(value, 4)
     except ValueError:
         raise _NotPlainJSON from None
-    # orjson writes NaN and inf as null: text without "null" holds neither; else their marshal
-    # form ends in 0x7f or 0xff (one memchr each finds none in most values), else the pattern
-    if b"null" in raw and (b"\x7f" in screened or b"\xff" in screened) and _NON_FINITE_FLOAT.search(screened):
+    # orjson writes NaN and inf as null: their marshal form ends in 0x7f or 0xff (one memchr
+    # each finds none in most values), then text without "null" holds neither, else the pattern
+    if (b"\x7f" in screened or b"\xff" in screened) and b"null" in raw and _NON_FINITE_FLOAT.search(screened):
         raise _NotPlainJSON
-    return raw.decode()
+    # too deep only if longer than MAX_DEPTH times "[]" and with more than MAX_DEPTH containers
+    reads_back = _marshal_reads_back(value) if native or len(raw) > 2 * MAX_DEPTH else False
+    if reads_back is None and (len(raw) > _COUNT_BYTES or raw.count(b"[") + raw.count(b"{") > MAX_DEPTH):
+        raw = _dumps_padded(value)
+    return raw, screened if native and reads_back else None
 
 
 def _encode_stdlib(value: dict[str, Any]) -> str:
@@ -239,25 +284,53 @@ def _encode_stdlib(value: dict[str, Any]) -> str:
     return text
 
 
+def _plain_dict(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` as a dict, or SerializationError when it is no Mapping."""
+    if type(value) is dict:
+        return value
+    if not isinstance(value, Mapping):
+        raise SerializationError(f"cannot serialize value: not a Mapping with str keys but {type(value).__name__}")
+    return dict(value)
+
+
 def encode_value(value: Mapping[str, Any]) -> str:
     """Validate ``value`` and return its compact JSON text; raise SerializationError.
 
     Every message starts "cannot serialize value": FastMCP's ``Context.set_state`` looks for
     "serialize" in a ValueError to tell the user about ``serializable=False``.
     """
-    if type(value) is not dict:
-        if not isinstance(value, Mapping):
-            raise SerializationError(f"cannot serialize value: not a Mapping with str keys but {type(value).__name__}")
-        value = dict(value)
+    value = _plain_dict(value)
     try:
-        return _encode_fast(value)
+        return _encode_fast(value)[0].decode()
     except (_NotPlainJSON, orjson.JSONEncodeError):
         return _encode_stdlib(value)
 
 
-def encode_values(values: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Encode every value (validating all before any is written)."""
-    return [encode_value(value) for value in values]
+def encode_native(value: Mapping[str, Any]) -> bytes | str:
+    """Validate ``value`` as :func:`encode_value` does, for a store that keeps values in this process.
+
+    Returns the value's marshal form (read back with :func:`decode_native`, several times
+    faster than JSON for long strings) when that reads back exactly as its JSON text would:
+    a value of at most _WALK_ITEMS items, with no tuple and no container met twice. Else its
+    JSON text (orjson reads many small objects faster than marshal does without sharing).
+    """
+    value = _plain_dict(value)
+    try:
+        raw, native = _encode_fast(value, native=True)
+    except (_NotPlainJSON, orjson.JSONEncodeError):
+        return _encode_stdlib(value)
+    return raw.decode() if native is None else native
+
+
+def decode_native(data: bytes, key: str) -> dict[str, Any]:
+    """The value of what :func:`encode_native` returned as bytes (never from outside this process)."""
+    try:
+        value = marshal.loads(data)
+    except (ValueError, EOFError, TypeError) as exc:
+        raise DeserializationError(f"stored value for key {_describe(key)} is not a value: {exc}") from exc
+    if type(value) is not dict:
+        raise DeserializationError(f"stored value for key {_describe(key)} is a {type(value).__name__}, not an object")
+    return value
 
 
 _DIGITS = bytes.maketrans(b"0123456789", b"0000000000")

@@ -45,7 +45,6 @@ from kvstores._codec import (
     check_ttl,
     decode_value,
     encode_value,
-    encode_values,
 )
 from kvstores._sealing import Sealer, is_sealed, sealed_key_id
 from kvstores._telemetry import observed
@@ -409,7 +408,7 @@ class BaseStore(abc.ABC):
         name = self._collection(collection)
         check_key(key)
         seconds = None if ttl is None else check_ttl(ttl)
-        text = self._sealed(encode_value(value), name, key)
+        text = self._encoded(value, name, key)
         writes = self._writes
         await (self._put(name, key, text, seconds) if writes is None else writes((name, key, text, seconds)))
 
@@ -460,11 +459,9 @@ class BaseStore(abc.ABC):
         if isinstance(values, Mapping) or len(keys) != len(values):
             raise ValueError(f"put_many needs one value per key: got {len(keys)} keys and {len(values)} values")
         seconds = None if ttl is None else check_ttl(ttl)
-        texts = encode_values(values)
+        texts = [self._encoded(value, name, key) for key, value in zip(keys, values)]  # all checked first
         if keys:
             latest = dict(zip(keys, texts))  # duplicate keys: the last value wins
-            if self._sealer is not None:
-                latest = {key: self._sealed(text, name, key) for key, text in latest.items()}
             await self._put_many(name, list(latest), list(latest.values()), seconds)
 
     @observed("keys")
@@ -535,7 +532,7 @@ class BaseStore(abc.ABC):
         name = self._collection(collection)
         check_key(key)
         seconds = None if ttl is None else check_ttl(ttl)
-        return await self._swap(name, key, None, self._sealed(encode_value(value), name, key), seconds)
+        return await self._swap(name, key, None, self._encoded(value, name, key), seconds)
 
     @observed("key")
     async def pop(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
@@ -568,14 +565,20 @@ class BaseStore(abc.ABC):
             new = fn(None if stored is None else self._decoded(stored, name, key))
             if new is None and stored is None:
                 return None  # nothing to delete: the entry was absent when read
-            text = None if new is None else encode_value(new)
-            sealed = None if text is None else self._sealed(text, name, key)
-            if await self._swap(name, key, stored, sealed, seconds):
-                return None if text is None else decode_value(text, key)
+            text = None if new is None else self._encoded(new, name, key)
+            if await self._swap(name, key, stored, text, seconds):
+                return None if text is None else self._decoded(text, name, key)
             await asyncio.sleep(random.uniform(0, min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt)))
         raise ConflictError(f"update of key {key!r} lost {UPDATE_ATTEMPTS} races to concurrent writers; giving up")
 
     # -- encryption at rest (kvstores._sealing) -----------------------------------------
+
+    def _encoded(self, value: Mapping[str, Any], collection: str, key: str) -> str:
+        """``value`` validated and as the backend stores it: JSON text, sealed when the store has encryption keys.
+
+        What it returns is what the primitives (``_put``, ``_put_many``, ``_swap``) are handed.
+        """
+        return self._sealed(encode_value(value), collection, key)
 
     def _sealed(self, text: str, collection: str, key: str) -> str:
         """``text`` as the backend stores it: sealed when the store has encryption keys."""

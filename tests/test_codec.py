@@ -11,6 +11,7 @@ import collections
 import enum
 import json
 import math
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,62 @@ def test_both_encoders_accept_the_same_values_and_write_the_same(value: dict[str
         for written in (text, stdlib_text):
             assert exact(_codec.decode_value(written, "k")) == exact(json.loads(stdlib_text))
             assert exact(_codec.decode_value(written.encode(), "k")) == exact(json.loads(stdlib_text))
+
+
+def containers(value: Any) -> list[int]:
+    """The ids of every dict and list in ``value``, each time it is met."""
+    found: list[int] = []
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (dict, list)):
+            found.append(id(node))
+            stack.extend(node.values() if isinstance(node, dict) else node)
+    return found
+
+
+SHARED = st.builds(lambda inner: {"a": inner, "b": [inner, {"c": inner}]}, st.lists(st.integers(), max_size=3))
+
+
+@settings(max_examples=1000)
+@given(VALUES | SHARED)
+def test_the_native_form_reads_back_as_json_does(value: dict[str, Any]) -> None:
+    """MemoryStore's marshal form: the same checks, and read back exactly as the JSON text, unshared."""
+    try:
+        native = _codec.encode_native(value)
+    except SerializationError as exc:
+        with pytest.raises(type(exc), match=re.escape(str(exc))):
+            _codec.encode_value(value)
+        return
+    expected = exact(json.loads(_codec.encode_value(value)))  # and encode_value accepts it too
+    read = _codec.decode_native(native, "k") if isinstance(native, bytes) else _codec.decode_value(native, "k")
+    assert exact(read) == expected
+    ids = containers(read)
+    assert len(ids) == len(set(ids)), "a container read back shared between two places"
+    again = _codec.decode_native(native, "k") if isinstance(native, bytes) else _codec.decode_value(native, "k")
+    assert not set(ids) & set(containers(again)), "two reads share a container"
+
+
+@pytest.mark.parametrize(
+    ("value", "native"),
+    [
+        ({"v": "x" * 10_000}, True),
+        ({"a": [1, {"b": "c"}], "n": None}, True),
+        ({"t": (1, 2)}, False),  # a tuple: marshal would read a tuple back
+        ({"items": [{"id": i} for i in range(100)]}, False),  # many items: orjson reads them faster
+    ],
+)
+def test_the_native_form_is_marshal_where_it_reads_back(value: dict[str, Any], native: bool) -> None:
+    assert isinstance(_codec.encode_native(value), bytes) is native
+
+
+def test_the_native_form_is_never_shared() -> None:
+    shared = [1, 2]
+    encoded = _codec.encode_native({"a": shared, "b": shared})
+    assert isinstance(encoded, str)  # marshal would read one list back in both places
+    read = _codec.decode_value(encoded, "k")
+    read["a"].append(3)
+    assert read["b"] == [1, 2]
 
 
 NUMBERS = st.one_of(
