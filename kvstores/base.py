@@ -4,8 +4,9 @@ A backend subclasses :class:`BaseStore` and implements its abstract primitives: 
 primitives (``_get_many``, ``_ttl_many``, ``_put_many``, ``_delete_many``), the capability
 primitives (``_keys`` ... ``_cull``) and the atomic primitives (``_swap``, ``_pop``); a
 class missing one cannot be instantiated. Primitives receive names that are already
-validated and values that are already encoded JSON text, so a backend never validates or
-encodes anything itself. The single-key primitives default to a bulk call of one key;
+validated and values that are already encoded JSON text (what :meth:`BaseStore._encoded`
+returns; MemoryStore's own override keeps some as marshal bytes), so a backend never validates
+or encodes anything itself. The single-key primitives default to a bulk call of one key;
 backends override them when a single-key command is cheaper.
 
 Lifecycle: a backend that opens a connection bound to the event loop (a thread, a pool)
@@ -77,7 +78,8 @@ __all__ = [
 T = TypeVar("T")
 
 Stored = str | bytes
-"""What a backend's read primitives return: the encoded JSON text, as str or UTF-8 bytes."""
+"""What a backend's read primitives return: the encoded JSON text, as str or UTF-8 bytes
+(MemoryStore's: marshal bytes too, which only its own ``_decoded`` reads)."""
 
 DEFAULT_COLLECTION = "default"
 """The collection used when ``collection=None``, unless a store is given another."""
