@@ -4,9 +4,10 @@ Each takes a TARGET as ``kvstores check`` does (a store URL or ``package.module:
 resolved once by :mod:`kvstores.targets`), so any ``key_value.aio`` store with
 enumeration can be listed or copied. ``ls``, ``get`` and ``copy`` read the TARGET (for copy:
 the SOURCE) from ``$KVSTORES_URL`` when it is left out; ``put`` and ``delete`` never do, a
-write names its store. Every failure is one line on stderr: exit 2 for a bad TARGET, a
-missing extra or bad arguments, exit 1 for a failed operation, an absent key or an entry
-``copy`` could not copy.
+write names its store. Every failure is one line on stderr: exit 2 for what the command
+line got wrong (a bad TARGET, a missing extra, bad arguments), exit 1 for what the store did
+not do (an unreachable or refusing server, a failed operation, an absent key, an entry
+``copy`` could not copy), the same for every command, ``ping`` included.
 
 ``copy`` runs the engine of :mod:`kvstores._copy` and always ends with one summary line,
 also when it fails or is interrupted (Ctrl-C: exit 130); the count is of acknowledged writes,
@@ -99,14 +100,16 @@ def _missing_sqlite_file(spec: str) -> str | None:
 
 
 async def _open(spec: str, *, reading: bool) -> Any:
-    """A store from TARGET ``spec``, or _Failed (exit 2) saying in one line why not."""
+    """A store from TARGET ``spec``, or _Failed saying in one line why not: exit 1 when its
+    server cannot be reached (resolving the target probes it), else 2 (the TARGET is wrong)."""
     if reading and (path := _missing_sqlite_file(spec)) is not None:
         raise _Failed(f"{redact(spec)}: no such SQLite file {path!r}", 2)
     try:
         target = await resolve(spec)
         return await target.open()
     except TargetError as exc:
-        raise _Failed(str(exc), 2) from exc
+        unreachable = isinstance(exc.__cause__, (ConnectionError, OSError, TimeoutError))
+        raise _Failed(str(exc), 1 if unreachable else 2) from exc
 
 
 def _require(store: Any, capability: str, spec: str, why: str) -> None:
@@ -208,12 +211,7 @@ async def _delete(options: argparse.Namespace) -> int:
 
 async def _ping(options: argparse.Namespace) -> int:
     (spec,) = _split(options.arguments, ("TARGET",))
-    try:
-        store = await _open(spec, reading=True)
-    except _Failed as exc:  # resolving the target probes it: unreachable is the probe's "no"
-        if isinstance(exc.__cause__ and exc.__cause__.__cause__, (ConnectionError, OSError, TimeoutError)):
-            raise _Failed(str(exc), 1) from exc
-        raise
+    store = await _open(spec, reading=True)  # unreachable: exit 1, the probe's "no"
     started = time.monotonic()
     try:
         if not callable(getattr(store, "ping", None)):

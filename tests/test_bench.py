@@ -368,6 +368,20 @@ def test_tasks_run_through_servers_and_say_why_docket_is_skipped(
     assert leftovers == [], "the run removes the tasks it wrote"
 
 
+@pytest.mark.parametrize("backend", backend_rows("postgresql", "mysql"), indirect=True)
+def test_tasks_drop_the_tables_they_made(backend: Any, tmp_path: Path) -> None:
+    """``destroy()`` leaves a table behind by design; the run made its own, so it drops them."""
+    pytest.importorskip("fastmcp")
+    url = backend.database_url  # the session's own database: no other run's tables
+    options = ("--tasks", "--rounds", "1", "--submitters", "1")
+    document = _bench(*options, url, cwd=tmp_path)
+    assert document["errors"] == {}
+    assert _measured(document["rows"])
+    listed = f"SELECT table_name FROM information_schema.tables WHERE table_name LIKE {backend.mark(1)}"
+    (tables,) = backend.run_sql(url, (listed, ("kvbench_tasks%",)))
+    assert tables == [], "the tasks run leaves its tables (and MariaDB's signals table) behind"
+
+
 async def _task_keys(url: str) -> list[str]:
     from kvstores import open_store
     from kvstores.tasks._engine import QUEUE, RECORDS

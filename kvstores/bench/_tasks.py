@@ -273,17 +273,26 @@ async def _drop_docket(url: str, name: str) -> None:
 
 
 async def _drop_ours(url: str, options: dict[str, Any]) -> None:
-    """Remove what the run wrote: the whole isolated space, else the engine's collections."""
+    """Remove what the run wrote: the whole isolated space (the tables it made, on a SQL
+    server, where ``destroy()`` would leave them), else the engine's collections."""
+    from kvstores.backends._sql import SQLServerStore
     from kvstores.registry import open_store
     from kvstores.tasks._engine import QUEUE, RECORDS
 
     store = open_store(url, **options)
     try:
-        if options:
-            await store.destroy()
-        else:
+        if not options:
             for collection in (RECORDS, QUEUE):
                 await store.destroy_collection(collection)
+        elif isinstance(store, SQLServerStore):
+            tables = [store.table]
+            if store.db_system == "mysql":  # its signals poll a table of their own
+                from kvstores.signals._mysql import signal_table
+
+                tables.append(signal_table(store.table))
+            await store.fetch(f"DROP TABLE IF EXISTS {', '.join(tables)}")
+        else:
+            await store.destroy()
     finally:
         await store.aclose()
 

@@ -36,13 +36,18 @@ _BATCH: Final = 1_000
 _NO_SUCH_TABLE: Final = 1146  # ER_NO_SUCH_TABLE
 
 
+def signal_table(table: str) -> str:
+    """The quoted name of the signals table beside the store's quoted ``table``."""
+    return f"{table[:-1]}_signals`"
+
+
 class MySQLTransport(NumberedPoll):
     """One polling task for every subscriber of one channel object, on the store's pool."""
 
     def __init__(self, store: MySQLStore, sink: Sink) -> None:
         """Polls through ``store``'s :meth:`~kvstores.backends.mysql.MySQLStore.fetch`, on its pool."""
         super().__init__(store, sink)
-        table = f"{store.table[:-1]}_signals`"  # the store's quoted table name, suffixed
+        table = signal_table(store.table)
         self._create = (
             f"CREATE TABLE IF NOT EXISTS {table} (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,"
             " channel VARBINARY(1024) NOT NULL, message MEDIUMTEXT CHARACTER SET utf8mb4 NOT NULL,"
