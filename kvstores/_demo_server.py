@@ -1,8 +1,9 @@
 """The server process of ``kvstores demo``'s durable-session scene.
 
-``python -m kvstores._demo_server --port PORT --name NAME`` serves
+``python -m kvstores._demo_server --fd FD --name NAME`` serves
 :func:`kvstores.harness.state_server` on the store at ``$KVSTORES_URL`` (or ``--store URL``) through
-:func:`kvstores.sessions.http_app` with uvicorn on ``127.0.0.1:PORT`` (events in a
+:func:`kvstores.sessions.http_app` with uvicorn on FD, a TCP socket bound to a loopback port and
+inherited from the demo (:mod:`kvstores._loopback`) (events in a
 :class:`kvstores.events.StoreEventStore` on the same store), plus a ``server_name`` tool
 answering NAME, so that the demo shows which process answered each request,
 ``count_to``, a call that streams one progress notification per step, and ``write_report``, a
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 
 import uvicorn
 from fastmcp import Context
@@ -37,7 +39,7 @@ TASK_RESCAN = 1.0
 """Seconds between two rescans of the task queue (2.5 by default)."""
 
 
-async def _serve(store_url: str | None, port: int, name: str) -> None:
+async def _serve(store_url: str | None, fd: int, name: str) -> None:
     async with open_store(store_url) as store:
         mcp = state_server(store)
 
@@ -64,8 +66,8 @@ async def _serve(store_url: str | None, port: int, name: str) -> None:
         mcp.add_extension(StoreTasks(store, lease=TASK_LEASE, rescan=TASK_RESCAN))
 
         app = http_app(mcp, store=store, event_store=StoreEventStore(store), retry_interval=_RETRY_MS)
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1)
-        await uvicorn.Server(config).serve()
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
+        await uvicorn.Server(config).serve(sockets=[socket.socket(fileno=fd)])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,10 +76,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--store", help="kvstores URL shared with the other server processes (default: $KVSTORES_URL, out of ps)"
     )
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--fd", type=int, required=True, help="a bound TCP socket inherited from the demo")
     parser.add_argument("--name", required=True, help="what the server_name tool answers")
     options = parser.parse_args(argv)
-    asyncio.run(_serve(options.store, options.port, options.name))
+    asyncio.run(_serve(options.store, options.fd, options.name))
 
 
 if __name__ == "__main__":

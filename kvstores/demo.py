@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from kvstores._loopback import bound_socket
 from kvstores._optional import missing_extra
 from kvstores._urls import redact
 from kvstores.errors import KVStoreError
@@ -305,18 +305,18 @@ class _ServerProcess:
 
     def __init__(self, name: str, store_url: str, log_dir: Path) -> None:
         self.name = name
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.log = log_dir / f"server-{name}.log"
-        arguments = ["--port", str(self.port), "--name", name]
         environment = {**os.environ, URL_VARIABLE: store_url}  # not in argv, where ps would show credentials
-        with self.log.open("wb") as log:
+        with bound_socket() as listener, self.log.open("wb") as log:  # the process listens on the socket
+            self.port: int = listener.getsockname()[1]
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "kvstores._demo_server", *arguments],
+                [sys.executable, "-m", "kvstores._demo_server", "--fd", str(listener.fileno()), "--name", name],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=environment,
+                pass_fds=[listener.fileno()],
             )
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
 
     async def wait_until_serving(self, deadline: float) -> None:
         """Return once the server accepts connections (uvicorn listens once its startup is done)."""
@@ -369,13 +369,6 @@ async def _server_processes(store_url: str, *names: str) -> AsyncIterator[list[_
         finally:
             for server in servers:
                 server.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class _Balancer(httpx2.AsyncBaseTransport):

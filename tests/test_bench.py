@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from kvstores._loopback import bound_socket
 from kvstores.bench._report import SECTIONS, update_markdown
 from kvstores.bench._run import BATCHING_OFF
 from kvstores.bench._scenarios import BATCHING_OPERATIONS, KV_OPERATIONS
@@ -323,6 +325,19 @@ def test_docket_python_given_is_checked_and_never_replaced(tmp_path: Path) -> No
     python, reason = docket_python(sys.executable, venv)  # kvstores' own environment: FastMCP 4.2, no fastmcp-tasks
     assert python is None and reason is not None and "cannot import fastmcp-tasks" in reason
     assert not venv.exists(), "a Python that was given is never swapped for a venv the bench creates"
+
+
+def test_a_server_port_is_held_from_the_moment_it_is_chosen() -> None:
+    """The bench's and the demo's servers inherit a bound socket (kvstores._loopback): while it is held, no other
+    process can bind its port (CI once saw the tasks server exit with "address already in use" on a port it was
+    told was free), and a connection is refused until the server listens, so waiting for one waits for it."""
+    with bound_socket() as held:
+        port = held.getsockname()[1]
+        with socket.socket() as rival, pytest.raises(OSError, match="in use"):
+            rival.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn, asyncio and redis-server bind
+            rival.bind(("127.0.0.1", port))
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
 @pytest.mark.parametrize("backend", backend_rows("redis"), indirect=True)

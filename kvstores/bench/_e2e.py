@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvstores._loopback import bound_socket
 from kvstores._urls import redact_text
 from kvstores.bench._backends import family
 
@@ -191,13 +191,6 @@ async def _drive(url: str, sessions: int, seconds: float, pids: list[int]) -> di
     return figures
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 async def _wait_ready(process: asyncio.subprocess.Process, port: int) -> None:
     deadline = time.monotonic() + _START_TIMEOUT
     while time.monotonic() < deadline:
@@ -224,8 +217,9 @@ async def stop_server(process: asyncio.subprocess.Process) -> None:
             await process.wait()
 
 
-def _haproxy_config(port: int, ports: list[int], sticky: bool) -> str:
-    """Round-robin over ``ports``, each request balanced on its own; ``sticky``: by Mcp-Session-Id."""
+def _haproxy_config(fd: int, ports: list[int], sticky: bool) -> str:
+    """Listen on the inherited socket ``fd``; round-robin over ``ports``, each request balanced on its own;
+    ``sticky``: by Mcp-Session-Id."""
     servers = "\n".join(f"    server r{index} 127.0.0.1:{server}" for index, server in enumerate(ports))
     stick = (
         "    stick-table type string len 64 size 100k expire 10m\n"
@@ -243,7 +237,7 @@ defaults
     timeout server 120s
 
 frontend mcp
-    bind 127.0.0.1:{port}
+    bind fd@{fd}
     default_backend replicas
 
 backend replicas
@@ -256,36 +250,46 @@ async def _start_haproxy(folder: str, ports: list[int], sticky: bool) -> tuple[a
     binary = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
     if binary is None:
         raise RuntimeError("--replicas needs haproxy (apt-get install -y haproxy)")
-    port = _free_port()
-    config = Path(folder) / "haproxy.cfg"
-    config.write_text(_haproxy_config(port, ports, sticky))
-    process = await asyncio.create_subprocess_exec(
-        binary, "-db", "-f", str(config), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
-    )
+    with bound_socket() as listener:
+        port: int = listener.getsockname()[1]
+        config = Path(folder) / "haproxy.cfg"
+        config.write_text(_haproxy_config(listener.fileno(), ports, sticky))
+        process = await asyncio.create_subprocess_exec(
+            binary,
+            "-db",
+            "-f",
+            str(config),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            pass_fds=[listener.fileno()],
+        )
     await _wait_ready(process, port)
     return process, port
 
 
 async def _measure_mode(url: str, mode: str, plan: E2EPlan, profile: str | None) -> dict[str, Any]:
     """Start the server process(es) in ``mode`` on ``url`` (behind HAProxy if several), drive them, stop them."""
-    ports = [_free_port() for _ in range(plan.replicas)]
+    ports: list[int] = []
     processes = []
-    for index, port in enumerate(ports):
+    for index in range(plan.replicas):
         environment = {**os.environ, URL_VARIABLE: url}
         if profile is not None:
             environment[PROFILE_VARIABLE] = profile if plan.replicas == 1 else f"{profile[:-5]}-r{index}.prof"
-        processes.append(
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "kvstores.bench._e2e_server",
-                mode,
-                str(port),
-                env=environment,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
+        with bound_socket() as listener:  # the server listens on it: no other process can take the port meanwhile
+            ports.append(listener.getsockname()[1])
+            processes.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "kvstores.bench._e2e_server",
+                    mode,
+                    str(listener.fileno()),
+                    env=environment,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.PIPE,
+                    pass_fds=[listener.fileno()],
+                )
             )
-        )
     with tempfile.TemporaryDirectory(prefix="kvbench-e2e-") as folder:
         try:
             for process, port in zip(processes, ports):

@@ -1,6 +1,7 @@
 """The server process of ``kvstores bench --e2e``: one FastMCP server, served one of two ways.
 
-``python -m kvstores.bench._e2e_server MODE PORT`` serves, with uvicorn on ``127.0.0.1:PORT``,
+``python -m kvstores.bench._e2e_server MODE FD`` serves, with uvicorn on FD (a TCP socket bound to
+a loopback port, inherited from the bench: :mod:`kvstores._loopback`),
 a FastMCP server whose ``remember(key, value)`` and ``recall(key)`` tools call
 ``ctx.set_state`` / ``ctx.get_state`` on the store at ``$KVSTORES_BENCH_E2E_URL``, its events in a
 :class:`kvstores.events.StoreEventStore` on the same store: through FastMCP's own stateful
@@ -49,21 +50,21 @@ def app_for(mode: str, store: Any) -> Any:
     return http_app(mcp, store=store, event_store=events)
 
 
-async def _serve(mode: str, port: int) -> None:
+async def _serve(mode: str, fd: int) -> None:
+    import socket
+
     import uvicorn
 
     from kvstores.registry import open_store
 
     async with open_store(os.environ[URL_VARIABLE]) as store:
-        config = uvicorn.Config(
-            app_for(mode, store), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
-        )
-        await uvicorn.Server(config).serve()
+        config = uvicorn.Config(app_for(mode, store), log_level="warning", timeout_graceful_shutdown=1)
+        await uvicorn.Server(config).serve(sockets=[socket.socket(fileno=fd)])
 
 
 def main(argv: list[str] | None = None) -> None:
     """Serve until SIGTERM or SIGINT."""
-    mode, port = argv or sys.argv[1:]
+    mode, fd = argv or sys.argv[1:]
     if mode not in MODES:
         raise SystemExit(f"MODE is one of {', '.join(MODES)}, not {mode!r}")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # uvicorn stops on either, gracefully
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     if profiler is not None:
         profiler.enable()
     try:
-        asyncio.run(_serve(mode, int(port)))
+        asyncio.run(_serve(mode, int(fd)))
     except KeyboardInterrupt:
         pass
     finally:

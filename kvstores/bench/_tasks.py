@@ -41,7 +41,6 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
+from kvstores._loopback import bound_socket
 from kvstores._urls import redact_text
 from kvstores.bench._backends import family
 from kvstores.bench._e2e import stop_server
@@ -151,20 +151,14 @@ async def _one_task(subject: _Contender, index: int) -> None:
 # -- the servers -------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 class _Server:
     """A server process of :mod:`kvstores.bench._tasks_server`, its output in a temporary file."""
 
     def __init__(self, command: list[str], url: str, options: dict[str, Any]) -> None:
-        self.port = _free_port()
+        self._socket = bound_socket()  # the server listens on it: no other process can take the port meanwhile
+        self.port: int = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/mcp"
-        self._command = [*command[:-1], str(self.port), command[-1]]  # KIND PORT CONCURRENCY
+        self._command = [*command[:-1], str(self._socket.fileno()), command[-1]]  # KIND FD CONCURRENCY
         self._env = {**os.environ, URL_VARIABLE: url, OPTIONS_VARIABLE: json.dumps(options)}
         self._log = tempfile.TemporaryFile()  # noqa: SIM115  (closed by stop())
         self._process: asyncio.subprocess.Process | None = None
@@ -188,9 +182,12 @@ class _Server:
         """Start it and wait until it answers ``GET /health``."""
         import httpx2
 
-        self._process = process = await asyncio.create_subprocess_exec(
-            *self._command, env=self._env, stdout=self._log, stderr=self._log
-        )
+        try:
+            self._process = process = await asyncio.create_subprocess_exec(
+                *self._command, env=self._env, stdout=self._log, stderr=self._log, pass_fds=[self._socket.fileno()]
+            )
+        finally:
+            self._socket.close()  # the server holds its own copy
         deadline = time.monotonic() + _START_SECONDS
         async with httpx2.AsyncClient(timeout=1) as http:
             while True:
@@ -207,6 +204,7 @@ class _Server:
         """SIGTERM, then SIGKILL after 15 s."""
         if self._process is not None:
             await stop_server(self._process)
+        self._socket.close()
         self._log.close()
 
 
@@ -371,9 +369,7 @@ async def run_tasks(label: str, url: str, plan: TasksPlan, deadline: float, prog
     option = ISOLATION.get(backend)
     given = {name for name, _ in parse_qsl(urlsplit(url).query)}
     options = {option: f"kvbench_tasks_{run_id}"} if option and option not in given else {}
-    ours = _Server(
-        [sys.executable, "-m", "kvstores.bench._tasks_server", "kvstores", str(plan.worker_concurrency)], url, options
-    )
+    ours = _Server([sys.executable, str(_SERVER), "kvstores", str(plan.worker_concurrency)], url, options)
     servers: list[_Server] = []
     clients: dict[str, TaskClient] = {}
     docket_skipped: str | None = None

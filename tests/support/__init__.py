@@ -78,12 +78,15 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import itertools
 import multiprocessing
 import os
+import random
 import socket
 import subprocess
 import threading
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
@@ -256,22 +259,58 @@ def is_required(service: str) -> bool:
     return service in {name.strip() for name in os.environ.get("KVSTORES_REQUIRE", "").split(",")}
 
 
+def _listen_ports() -> range:
+    """The ports :func:`free_port` hands out in this process: this xdist worker's share of the 10,000 below
+    the 10,000 just below Linux's ephemeral range (32768-60999 by default).
+
+    The kernel gives outgoing connections (and ``bind(("127.0.0.1", 0))``) ports from the ephemeral range,
+    so a port chosen there can be taken before the test's server binds it (it then exits with "address
+    already in use": seen in CI). Below it, only other tests choose, and each xdist worker has its own
+    share; a port plus :data:`tests.support.redis.CLUSTER_BUS_OFFSET` (10,000: a Cluster node's bus) lands in
+    the 10,000 no one hands out.
+    """
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32_768
+    first = ephemeral - 20_000
+    if first < 1_024:
+        return range(0)  # an unusual range: the kernel chooses
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    share = 10_000 // max(workers, 1)
+    start = first + share * (int(worker) % max(workers, 1) if worker.isdigit() else 0)
+    return range(start, start + share)
+
+
+_LISTEN_PORTS = _listen_ports()
+_next_port = itertools.count(random.randrange(max(len(_LISTEN_PORTS), 1)))  # a child process starts elsewhere
+
+
 def free_port(*, plus: int = 0) -> int:
-    """A free loopback port; with ``plus``, port + plus is free too (a Redis Cluster node's bus)."""
+    """A free loopback port, never the same twice in a process; with ``plus``, port + plus is free too (a Redis
+    Cluster node's bus). Taken from this worker's share below the ephemeral range (:func:`_listen_ports`)."""
     for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port: int = probe.getsockname()[1]
-        if not plus:
+        if _LISTEN_PORTS:
+            port = _LISTEN_PORTS[next(_next_port) % len(_LISTEN_PORTS)]
+        else:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+        if all(_bindable(candidate) for candidate in ((port, port + plus) if plus else (port,))):
             return port
-        if port + plus < 65_536:
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + plus))
-                except OSError:
-                    continue
-            return port
-    raise Unavailable(f"no free loopback port pair {plus} apart")
+    raise Unavailable(f"no free loopback port (pair {plus} apart)")
+
+
+def _bindable(port: int) -> bool:
+    if port >= 65_536:
+        return False
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def run_processes(
