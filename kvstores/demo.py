@@ -471,6 +471,12 @@ def _in_process(url: str) -> bool:
 async def _run(url: str) -> int:
     demo = _Demo(url)
     print(f"kvstores demo: FastMCP session state on {redact(url)}")
+    try:  # first: the servers' tools would log every failure of an unreachable store as a traceback
+        async with open_store(url) as store:
+            await store.ping()
+    except KVStoreError as exc:
+        print(f"\ndemo stopped: cannot reach the store: {exc}")
+        return 1
     try:
         await _handshake_sessions(demo)
         await _expiry(demo)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from kvstores.bench._run import BATCHING_OFF
 from kvstores.bench._scenarios import BATCHING_OPERATIONS, KV_OPERATIONS
 from kvstores.bench._targets import evaluate
 from kvstores.bench._tasks import DOCKET, TASKS_GROUP, docket_python
-from tests.support import Backend
+from tests.support import Backend, free_port
 from tests.support.fixtures import rows as backend_rows
 
 pytest.importorskip("rich")
@@ -338,6 +340,62 @@ def test_a_server_port_is_held_from_the_moment_it_is_chosen() -> None:
             rival.bind(("127.0.0.1", port))
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_a_target_whose_rows_all_failed_fails_the_run(tmp_path: Path) -> None:
+    """The tasks server starts on a store it cannot reach (it connects lazily), so each row fails on its own:
+    the run says so on stderr and exits 1, as when the store cannot be opened at all."""
+    unreachable = f"redis://127.0.0.1:{free_port()}/0?timeout=0.5"
+    result = subprocess.run(
+        [sys.executable, "-m", "kvstores.bench", "--quick", "--tasks", "--submitters", "1", unreachable],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert f"kvstores bench: {unreachable}: nothing was measured: failed:" in result.stderr, result.stderr[-3000:]
+
+
+def test_ctrl_c_stops_the_bench_and_its_servers_in_one_line(tmp_path: Path) -> None:
+    """Ctrl-C while the tasks server runs: exit 130 within seconds, one line on stderr (no traceback), and
+    the server process it started is gone."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvstores.bench",
+            "--quick",
+            "--json",
+            "bench.json",
+            "--tasks",
+            f"sqlite:///{tmp_path}/t.db",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # Ctrl-C as at a terminal, however run
+    )
+    try:
+        children = Path(f"/proc/{child.pid}/task/{child.pid}/children")
+        deadline = time.monotonic() + 60
+        while not (servers := children.read_text().split()):
+            assert child.poll() is None and time.monotonic() < deadline, "the bench started no server"
+            time.sleep(0.1)
+        time.sleep(1)  # the server up, the rounds under way
+        child.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        _, stderr = child.communicate(timeout=30)
+        took = time.monotonic() - interrupted
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 130, stderr
+    assert stderr.strip() == "kvstores bench: interrupted; no results written", stderr
+    assert took < 20, f"the bench took {took:.1f} s to exit after Ctrl-C"
+    assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()], "a server outlived the bench"
+    assert not (tmp_path / "bench.json").exists()
 
 
 @pytest.mark.parametrize("backend", backend_rows("redis"), indirect=True)

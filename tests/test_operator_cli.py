@@ -250,6 +250,16 @@ def test_ls_get_copy_and_demo_read_kvstores_url(
     assert "$KVSTORES_URL is not set" in capsys.readouterr().err
 
 
+def test_demo_on_an_unreachable_store_stops_at_once_in_one_line() -> None:
+    """Before any scene: the servers' tools would log each failed call of an unreachable store as a traceback."""
+    unreachable = f"redis://:s3cretPW@127.0.0.1:{free_port()}/0?timeout=0.5"
+    result = kvstores("demo", "--store", unreachable)
+    assert result.returncode == 1, result.stdout
+    assert result.stderr == "", result.stderr
+    assert result.stdout.splitlines()[-1].startswith("demo stopped: cannot reach the store: "), result.stdout
+    assert "s3cretPW" not in result.stdout
+
+
 def test_demo_takes_its_store_from_kvstores_url(monkeypatch: pytest.MonkeyPatch) -> None:
     from kvstores import cli
 

@@ -5,7 +5,8 @@ Usage: ``kvstores bench [TARGET ...] [--compare] [--quick] [--scaling] [--json F
 ``kvstores bench --signals [--streams N,N] [--rate R] [--events N] TARGET ...`` or
 ``kvstores bench --e2e [--sessions N] [--seconds S] [--profile DIR] TARGET ...``
 ``kvstores bench --tasks [--submitters N,N] [--docket-python PATH] [TARGET ...]``
-(``python -m kvstores.bench ...`` is the same command).
+(``python -m kvstores.bench ...`` is the same command). Ctrl-C stops a run and every server it
+started, with one line on stderr and exit 130; no results are written.
 
 TARGET is any store URL; the default is ``memory://`` and a temporary SQLite file. Each
 target runs get, put, put with TTL, ttl, and get_many/put_many/delete_many of 100 keys, at
@@ -310,10 +311,26 @@ async def _run_each(
     deadline = time.monotonic() + plan.budget_seconds
     for label, url in targets.items():
         try:
-            rows += await run(label, url, plan, deadline, progress)
+            target_rows = await run(label, url, plan, deadline, progress)
         except Exception as exc:  # one failing target must not lose the others' results
             errors[label] = redact_text(f"{type(exc).__name__}: {exc}", url)
+            continue
+        rows += target_rows
+        if (failure := _all_failed(target_rows)) is not None:
+            errors[label] = failure
     return {"rows": rows, "scaling": {}, "errors": errors}
+
+
+def _all_failed(rows: list[dict[str, Any]]) -> str | None:
+    """Why a target measured nothing when its rows failed (an error of the run: exit 1), else None.
+
+    Rows skipped for a reason of the plan's only (the wall-clock cap, a URL the mode cannot use) are no failure.
+    """
+    if rows and all("skipped" in row for row in rows):
+        failed = [str(row["skipped"]) for row in rows if "failed" in str(row["skipped"])]
+        if failed:
+            return f"nothing was measured: {failed[0]}"
+    return None
 
 
 async def _run_all(targets: dict[str, str], plan: Plan, progress: Progress) -> dict[str, Any]:
@@ -327,6 +344,8 @@ async def _run_all(targets: dict[str, str], plan: Plan, progress: Progress) -> d
             errors[label] = redact_text(f"{type(exc).__name__}: {exc}", url)
             continue
         rows += target_rows
+        if (failure := _all_failed(target_rows)) is not None:
+            errors[label] = failure
         for axis, points in target_scaling.items():
             scaling.setdefault(axis, []).extend(points)
     return {"rows": rows, "scaling": scaling, "errors": errors}
@@ -474,7 +493,11 @@ def main(argv: list[str] | None = None) -> int:
         document = json.loads(options.load.read_text())
         document["targets"] = evaluate(document["rows"])
     else:
-        document = _measure(argv, options)
+        try:
+            document = _measure(argv, options)
+        except KeyboardInterrupt:  # Ctrl-C: the servers and stores it started are stopped on the way out
+            print("\nkvstores bench: interrupted; no results written", file=sys.stderr)
+            return 130
     print_tables(document["rows"], document["targets"])
     if options.json:
         options.json.write_text(json.dumps(document, indent=1) + "\n")
