@@ -5,9 +5,10 @@ primitives (``_get_many``, ``_ttl_many``, ``_put_many``, ``_delete_many``), the 
 primitives (``_keys`` ... ``_cull``) and the atomic primitives (``_swap``, ``_pop``); a
 class missing one cannot be instantiated. Primitives receive names that are already
 validated and values that are already encoded JSON text (what :meth:`BaseStore._encoded`
-returns; MemoryStore's own override keeps some as marshal bytes), so a backend never validates
-or encodes anything itself. The single-key primitives default to a bulk call of one key;
-backends override them when a single-key command is cheaper.
+returns, sealed when the store has encryption keys; MemoryStore's own override keeps some as
+marshal bytes), so a backend never validates or encodes anything itself. The single-key
+primitives default to a bulk call of one key; backends override them when a single-key
+command is cheaper.
 
 Lifecycle: a backend that opens a connection bound to the event loop (a thread, a pool)
 calls :meth:`BaseStore._release_with_loop` once it has; if nobody closes the store, the
@@ -410,7 +411,7 @@ class BaseStore(abc.ABC):
         name = self._collection(collection)
         check_key(key)
         seconds = None if ttl is None else check_ttl(ttl)
-        text = self._encoded(value, name, key)
+        text = self._sealed(self._encoded(value), name, key)
         writes = self._writes
         await (self._put(name, key, text, seconds) if writes is None else writes((name, key, text, seconds)))
 
@@ -461,9 +462,11 @@ class BaseStore(abc.ABC):
         if isinstance(values, Mapping) or len(keys) != len(values):
             raise ValueError(f"put_many needs one value per key: got {len(keys)} keys and {len(values)} values")
         seconds = None if ttl is None else check_ttl(ttl)
-        texts = [self._encoded(value, name, key) for key, value in zip(keys, values)]  # all checked first
+        texts = [self._encoded(value) for value in values]  # all checked before any is written
         if keys:
             latest = dict(zip(keys, texts))  # duplicate keys: the last value wins
+            if self._sealer is not None:
+                latest = {key: self._sealed(text, name, key) for key, text in latest.items()}
             await self._put_many(name, list(latest), list(latest.values()), seconds)
 
     @observed("keys")
@@ -534,7 +537,7 @@ class BaseStore(abc.ABC):
         name = self._collection(collection)
         check_key(key)
         seconds = None if ttl is None else check_ttl(ttl)
-        return await self._swap(name, key, None, self._encoded(value, name, key), seconds)
+        return await self._swap(name, key, None, self._sealed(self._encoded(value), name, key), seconds)
 
     @observed("key")
     async def pop(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
@@ -567,20 +570,20 @@ class BaseStore(abc.ABC):
             new = fn(None if stored is None else self._decoded(stored, name, key))
             if new is None and stored is None:
                 return None  # nothing to delete: the entry was absent when read
-            text = None if new is None else self._encoded(new, name, key)
-            if await self._swap(name, key, stored, text, seconds):
-                return None if text is None else self._decoded(text, name, key)
+            text = None if new is None else self._encoded(new)
+            if await self._swap(name, key, stored, None if text is None else self._sealed(text, name, key), seconds):
+                return None if text is None else self._decoded(text, name, key)  # read back from before sealing
             await asyncio.sleep(random.uniform(0, min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt)))
         raise ConflictError(f"update of key {key!r} lost {UPDATE_ATTEMPTS} races to concurrent writers; giving up")
 
     # -- encryption at rest (kvstores._sealing) -----------------------------------------
 
-    def _encoded(self, value: Mapping[str, Any], collection: str, key: str) -> str:
-        """``value`` validated and as the backend stores it: JSON text, sealed when the store has encryption keys.
+    def _encoded(self, value: Mapping[str, Any]) -> str:
+        """``value`` validated and encoded as the backend keeps it: its JSON text.
 
-        What it returns is what the primitives (``_put``, ``_put_many``, ``_swap``) are handed.
+        Through :meth:`_sealed`, it is what the primitives (``_put``, ``_put_many``, ``_swap``) are handed.
         """
-        return self._sealed(encode_value(value), collection, key)
+        return encode_value(value)
 
     def _sealed(self, text: str, collection: str, key: str) -> str:
         """``text`` as the backend stores it: sealed when the store has encryption keys."""

@@ -259,6 +259,10 @@ class SQLServerStore(BaseStore):
             )
         return ".".join(f"{cls._quote}{part}{cls._quote}" for part in parts)
 
+    def _tables(self) -> list[str]:
+        """The quoted tables this store creates (``destroy()`` empties them, never drops them)."""
+        return [self.table]
+
     # -- what a dialect supplies (besides its statements and the bulk primitives) ---------
 
     @abc.abstractmethod  # keep what the pool is made from (options: the caller's other keyword options)

@@ -106,11 +106,11 @@ class MemoryStore(BaseStore):
 
         return MemoryTransport(self, sink)
 
-    def _encoded(self, value: Mapping[str, Any], collection: str, key: str) -> Stored:  # type: ignore[override]
+    def _encoded(self, value: Mapping[str, Any]) -> Stored:  # type: ignore[override]
         """``value`` as :func:`~kvstores._codec.encode_native` encodes it (bytes reach only this
-        store's own primitives, which take them); sealed JSON text when the store has encryption keys."""
+        store's own primitives, which take them); JSON text when the store has encryption keys (it seals text)."""
         if self._sealer is not None:
-            return super()._encoded(value, collection, key)
+            return super()._encoded(value)
         return encode_native(value)
 
     def _decoded(self, stored: Stored, collection: str, key: str) -> dict[str, Any]:

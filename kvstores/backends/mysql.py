@@ -346,6 +346,11 @@ class MySQLStore(SQLServerStore):
 
         return MySQLTransport(self, sink)
 
+    def _tables(self) -> list[str]:
+        from kvstores.signals._mysql import signal_table
+
+        return [*super()._tables(), signal_table(self.table)]  # its signals poll a table of their own
+
     def _padded(self, items: list[T]) -> list[T]:
         """``items`` padded with copies of its last one to a statement shape that is prepared already."""
         return items + items[-1:] * (_bucket(len(items)) - len(items)) if self._pads else items

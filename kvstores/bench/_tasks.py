@@ -283,12 +283,7 @@ async def _drop_ours(url: str, options: dict[str, Any]) -> None:
             for collection in (RECORDS, QUEUE):
                 await store.destroy_collection(collection)
         elif isinstance(store, SQLServerStore):
-            tables = [store.table]
-            if store.db_system == "mysql":  # its signals poll a table of their own
-                from kvstores.signals._mysql import signal_table
-
-                tables.append(signal_table(store.table))
-            await store.fetch(f"DROP TABLE IF EXISTS {', '.join(tables)}")
+            await store.fetch(f"DROP TABLE IF EXISTS {', '.join(store._tables())}")
         else:
             await store.destroy()
     finally:
