@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +17,9 @@ from kvstores.signals import GAP
 from tests.support import Backend, marker
 from tests.support.fixtures import private_server, skip_or_fail
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("close_signal_channels")]
 
 MESSAGES = 50
-
-
-@pytest.fixture(autouse=True)
-async def _close_channels() -> AsyncIterator[None]:
-    """Close every channel a test opened before its stores go (their watchdogs would, within a second)."""
-    yield
-    for channel in list(signals._CHANNELS.values()):
-        await channel.aclose()
 
 
 def _channel(backend: Backend, store: Any) -> signals.SignalChannel:

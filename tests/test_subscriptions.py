@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +18,9 @@ from tests.support import Backend, marker
 from tests.support.events import serving
 from tests.support.fixtures import private_server, skip_or_fail
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("close_signal_channels")]
 
 REPLICAS = 3
-
-
-@pytest.fixture(autouse=True)
-async def _close_channels() -> AsyncIterator[None]:
-    yield
-    for channel in list(signals._CHANNELS.values()):
-        await channel.aclose()
 
 
 def _replica(bus: StoreSubscriptionBus, number: int) -> MCPServer:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -100,6 +101,19 @@ def start_row(name: str, started: dict[str, Backend | str]) -> Backend:
     if isinstance(entry_or_reason, str):
         skip_or_fail(marker(name), entry_or_reason)
     return entry_or_reason
+
+
+@pytest.fixture
+async def close_signal_channels() -> AsyncIterator[None]:
+    """Close every signal channel the test opened, before its stores go (their watchdogs would, within a
+    second). Only those: a channel an earlier test left runs on that test's loop, which has ended."""
+    from kvstores import signals
+
+    before = weakref.WeakSet(signals._CHANNELS.values())
+    yield
+    for channel in list(signals._CHANNELS.values()):
+        if channel not in before:
+            await channel.aclose()
 
 
 @pytest.fixture
