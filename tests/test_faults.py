@@ -31,7 +31,7 @@ import pytest
 from kvstores import open_store
 from kvstores.errors import StoreConnectionError
 from tests.support import Backend
-from tests.support.faults import FaultProxy, direct_connection, through
+from tests.support.faults import FaultProxy, through
 from tests.support.fixtures import rows, rows_with
 
 pytestmark = pytest.mark.anyio
@@ -217,7 +217,7 @@ async def target(backend: Backend, namespace: str) -> AsyncIterator[Target]:
     proxy = FaultProxy(urlsplit(url).port or 0)
     proxy.start()
     try:
-        proxied_url = direct_connection(through(url, proxy))
+        proxied_url = through(url, proxy)
         store = open_store(proxied_url, timeout=TIMEOUT, **options)
         direct = open_store(url, **options)
         try:

@@ -20,7 +20,7 @@ from kvstores._sealing import generate_key
 from kvstores.errors import EncryptionKeyError
 from kvstores.tasks._engine import QUEUE, RECORDS
 from tests.support import Backend
-from tests.support.faults import direct_connection, proxied
+from tests.support.faults import proxied
 from tests.support.fixtures import rows, rows_with
 from tests.support.tasks import RUNS, TaskWire, ThreadServer, build_server, run_log
 
@@ -258,7 +258,7 @@ async def serve_with_keys(backend: Backend, namespace: str, keys: list[str]) -> 
 async def test_the_store_down_while_a_task_runs_loses_no_result(backend: Backend, namespace: str, store: Any) -> None:
     url, options = backend.url(namespace)
     with proxied(url) as (proxy, through_proxy):
-        server_store = open_store(direct_connection(through_proxy), **{**options, "timeout": 1})
+        server_store = open_store(through_proxy, **{**options, "timeout": 1})
         server = ThreadServer(build_server(server_store).http_app()).__enter__()
         wire = TaskWire(server.url)
         try:

@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from tests.support import Unavailable
 
-__all__ = ["FaultProxy", "direct_connection", "proxied", "through"]
+__all__ = ["FaultProxy", "proxied", "through"]
 
 T = TypeVar("T")
 
@@ -232,23 +232,25 @@ class FaultProxy:
 
 
 def through(url: str, proxy: FaultProxy) -> str:
-    """``url`` with its (loopback) host and port replaced by the proxy's."""
+    """``url`` with its (loopback) host and port replaced by the proxy's, and what its driver needs there.
+
+    MongoDB: ``directConnection=true``, the proxy's address is the only one pymongo may use.
+    PostgreSQL: ``sslmode=disable`` (the servers here have no TLS): with asyncpg's default, ``prefer``,
+    every connection (a statement's cancel request too) first asks for TLS, and a fault that cuts
+    that exchange leaves an exception in a future nobody awaits (asyncpg #1310), which asyncio
+    reports from the garbage collector and the test runner raises in the test running then.
+    """
     parts = urlsplit(url)
     host = parts.hostname
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise ValueError(f"the fault proxy only targets loopback, not {host!r}")
     credentials = parts.netloc.rpartition("@")[0]
     netloc = f"{credentials}@127.0.0.1:{proxy.port}" if credentials else f"127.0.0.1:{proxy.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def direct_connection(url: str) -> str:
-    """For MongoDB, ``directConnection=true``: the proxy's address is the only one pymongo may use."""
-    if not url.startswith("mongodb"):
-        return url
-    parts = urlsplit(url)
-    query = [*parse_qsl(parts.query), ("directConnection", "true")]
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    parts = parts._replace(netloc=netloc)
+    if parts.scheme.startswith(("mongodb", "postgres")):
+        option = ("directConnection", "true") if parts.scheme.startswith("mongodb") else ("sslmode", "disable")
+        parts = parts._replace(query=urlencode([*parse_qsl(parts.query), option]))
+    return urlunsplit(parts)
 
 
 @contextmanager
