@@ -20,6 +20,7 @@ from kvstores.errors import (
     ValueTooLargeError,
 )
 from kvstores.protocol import (
+    UNCHANGED,
     AsyncKeyValue,
     AtomicStore,
     CullStore,
@@ -28,6 +29,7 @@ from kvstores.protocol import (
     EnumerateCollectionsStore,
     EnumerateKeysStore,
     LifecycleStore,
+    Unchanged,
     capabilities,
     implements,
 )
@@ -58,6 +60,8 @@ __all__ = [
     "SerializationError",
     "StoreClosedError",
     "StoreConnectionError",
+    "UNCHANGED",
+    "Unchanged",
     "ValueTooLargeError",
     "capabilities",
     "implements",

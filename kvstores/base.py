@@ -60,6 +60,7 @@ from kvstores.errors import (
     ValueTooLargeError,
 )
 from kvstores.loop import release_with_loop
+from kvstores.protocol import UNCHANGED, Unchanged
 
 if TYPE_CHECKING:
     from kvstores.signals import SignalChannel, Sink, Transport
@@ -551,23 +552,28 @@ class BaseStore(abc.ABC):
     async def update(
         self,
         key: str,
-        fn: Callable[[dict[str, Any] | None], Mapping[str, Any] | None],
+        fn: Callable[[dict[str, Any] | None], Mapping[str, Any] | Unchanged | None],
         *,
         collection: str | None = None,
         ttl: SupportsFloat | None = None,
     ) -> dict[str, Any] | None:
         """Atomically store ``fn(current value or None)`` with ``ttl``, or delete when it returns None.
 
-        Returns what was stored (None after a delete). Two round trips when uncontended; ``fn``
-        runs with no lock held and may run again after a lost race, so it must have no side
-        effects. Raises ConflictError after :data:`UPDATE_ATTEMPTS` lost races.
+        Returns what was stored (None after a delete). When ``fn`` returns :data:`UNCHANGED`
+        nothing is written (the TTL is untouched) and the value ``fn`` was given is returned: one
+        round trip. Two round trips when uncontended; ``fn`` runs with no lock held and may run again
+        after a lost race, so it must have no side effects. Raises ConflictError after
+        :data:`UPDATE_ATTEMPTS` lost races.
         """
         name = self._collection(collection)
         check_key(key)
         seconds = None if ttl is None else check_ttl(ttl)
         for attempt in range(UPDATE_ATTEMPTS):
             stored = await self._get(name, key)
-            new = fn(None if stored is None else self._decoded(stored, name, key))
+            old = None if stored is None else self._decoded(stored, name, key)
+            new = fn(old)
+            if new is UNCHANGED:
+                return old
             if new is None and stored is None:
                 return None  # nothing to delete: the entry was absent when read
             text = None if new is None else self._encoded(new)

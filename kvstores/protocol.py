@@ -14,10 +14,11 @@ up statically and does not see ``__getattr__``, so it refuses such wrappers that
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, Protocol, SupportsFloat, runtime_checkable
+from typing import Any, Final, Generic, Protocol, SupportsFloat, runtime_checkable
 
 __all__ = [
     "CAPABILITIES",
@@ -29,6 +30,8 @@ __all__ = [
     "EnumerateCollectionsStore",
     "EnumerateKeysStore",
     "LifecycleStore",
+    "UNCHANGED",
+    "Unchanged",
     "capabilities",
     "implements",
     "missing_methods",
@@ -151,6 +154,21 @@ class LifecycleStore(Protocol):
         ...
 
 
+class Unchanged(enum.Enum):
+    """The type of :data:`UNCHANGED` (one member, so that type checkers can tell it apart)."""
+
+    UNCHANGED = "UNCHANGED"
+    """What an ``update`` function returns to decline: nothing is written, the TTL is untouched."""
+
+
+UNCHANGED: Final = Unchanged.UNCHANGED
+"""Returned by the function given to :meth:`AtomicStore.update` to decline the change.
+
+The update then writes nothing (the entry and its TTL stay exactly as they were) and returns
+the value as it is stored (None when there is no live entry).
+"""
+
+
 @runtime_checkable
 class AtomicStore(Protocol):
     """A store with atomic conditional writes, across tasks and processes.
@@ -183,13 +201,16 @@ class AtomicStore(Protocol):
     async def update(
         self,
         key: str,
-        fn: Callable[[dict[str, Any] | None], Mapping[str, Any] | None],
+        fn: Callable[[dict[str, Any] | None], Mapping[str, Any] | Unchanged | None],
         *,
         collection: str | None = None,
         ttl: SupportsFloat | None = None,
     ) -> dict[str, Any] | None:
         """Atomic read-modify-write: store ``fn(current value or None)`` with ``ttl``, or delete
         the entry when it returns None; return what was stored (None after a delete).
+
+        When ``fn`` returns :data:`UNCHANGED` nothing is written: the entry keeps its value and
+        its TTL, and the value as stored (None when absent) is returned.
 
         ``fn`` may be called more than once under contention, so it must have no side effects;
         if it raises, nothing is written and the exception propagates. No concurrent update is

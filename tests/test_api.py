@@ -39,6 +39,8 @@ PUBLIC = [
     "SerializationError",
     "StoreClosedError",
     "StoreConnectionError",
+    "UNCHANGED",
+    "Unchanged",
     "ValueTooLargeError",
     "capabilities",
     "implements",

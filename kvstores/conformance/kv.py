@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from kvstores import MAX_KEY_LENGTH, MAX_TTL_SECONDS, MAX_VALUE_BYTES
+from kvstores import MAX_KEY_LENGTH, MAX_TTL_SECONDS, MAX_VALUE_BYTES, UNCHANGED
 from kvstores.conformance._base import StoreConformance, requires
 from kvstores.errors import (
     InvalidKeyError,
@@ -672,6 +672,29 @@ class AsyncKeyValueConformance(StoreConformance):
         await store.update("short", replace)
         assert seen == [None], "fn of an expired key gets None"
         assert await store.ttl("short") == ({"n": 2}, None)
+
+    @requires("atomic")
+    async def test_atomic_update_unchanged_writes_nothing(self, store: Any) -> None:
+        await store.put("k", {"v": "kept"}, ttl=30)
+        seen: list[Any] = []
+
+        def decline(old: dict[str, Any] | None) -> Any:
+            seen.append(old)
+            return UNCHANGED
+
+        for _ in range(3):
+            assert_same(await store.update("k", decline, ttl=60), {"v": "kept"})
+        assert seen == [{"v": "kept"}] * 3
+        value, remaining = await store.ttl("k")
+        assert value == {"v": "kept"}
+        assert remaining is not None
+        assert remaining <= 30, "a declined update must keep the entry's TTL"
+        assert await store.update("missing", decline) is None
+        assert await store.get("missing") is None, "a declined update of a missing key must write nothing"
+        await store.put("short", {"v": 1}, ttl=0.3)
+        await store.update("short", decline, ttl=60)
+        await asyncio.sleep(0.6)
+        assert await store.get("short") is None, "a declined update must not keep an entry alive"
 
     @requires("atomic")
     async def test_atomic_update_fn_raises_nothing_written(self, store: Any) -> None:
