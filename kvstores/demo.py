@@ -50,7 +50,7 @@ try:
 
     from kvstores._demo_server import TASK_LEASE, TASK_RESCAN
     from kvstores.tasks import TaskClient
-    from kvstores.tasks._engine import label
+    from kvstores.tasks._record import label, ref
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("fastmcp", "fastmcp") from exc
 
@@ -231,7 +231,9 @@ async def _task_moves(demo: _Demo) -> None:
     async with _server_processes(demo.url, "A", "B") as servers, TaskClient(servers[0].url) as via_a:
         demo.step(f"two fresh uvicorn processes, A and B, serve the same tools and run task workers on {demo.label}")
         task_id = await via_a.submit("write_report", {"seconds": 2.0})
-        demo.step(f"server A: the client calls write_report(seconds=2) as a background task -> task {label(task_id)}")
+        demo.step(
+            f"server A: the client calls write_report(seconds=2) as a background task -> task {label(ref(task_id))}"
+        )
         async with TaskClient(servers[1].url) as via_b:
             known = (await via_b.get(task_id))["status"]
         demo.check(known == "working", f"server B knows the task at once, from the store: {known}")

@@ -19,6 +19,7 @@ from kvstores import open_store
 from kvstores._sealing import generate_key
 from kvstores.errors import EncryptionKeyError
 from kvstores.tasks._engine import QUEUE, RECORDS
+from kvstores.tasks._record import ref
 from tests.support import Backend
 from tests.support.faults import proxied
 from tests.support.fixtures import rows, rows_with
@@ -201,8 +202,8 @@ async def test_after_its_ttl_a_task_is_unknown_and_reclaimed(backend: Backend, n
         await asyncio.sleep(4.5)
         assert _error(await running.wire.get(task_id))["code"] == -32602
         if backend.persistent:
-            assert await store.get(task_id, collection=RECORDS) is None
-            assert await store.get(task_id, collection=QUEUE) is None
+            assert await store.get(ref(task_id), collection=RECORDS) is None
+            assert await store.get(ref(task_id), collection=QUEUE) is None
     finally:
         await running.wire.aclose()
         running.server.__exit__()
@@ -238,7 +239,7 @@ async def test_values_are_sealed_at_rest(backend: Backend, namespace: str, store
         done = await running.wire.wait(task_id)
         assert done["result"]["structuredContent"] == {"result": "echo secret-argument"}
         with pytest.raises(EncryptionKeyError):
-            await store.get(task_id, collection=RECORDS)  # no keys: the value cannot be read
+            await store.get(ref(task_id), collection=RECORDS)  # no keys: the value cannot be read
     finally:
         await running.wire.aclose()
         running.server.__exit__()
@@ -271,11 +272,11 @@ async def test_the_store_down_while_a_task_runs_loses_no_result(backend: Backend
             await asyncio.sleep(0.5)  # the tool's own write has its reply
             proxy.blackhole()  # the tool finishes while the store cannot be reached
             await asyncio.sleep(4)
-            record = await store.get(task_id, collection=RECORDS)
+            record = await store.get(ref(task_id), collection=RECORDS)
             assert record is not None and record["state"] == "working"
             proxy.reset_all()
             proxy.heal()
-            while (record := await store.get(task_id, collection=RECORDS))["state"] == "working":
+            while (record := await store.get(ref(task_id), collection=RECORDS))["state"] == "working":
                 assert time.monotonic() < deadline + 30, "the outcome was never written"
                 await asyncio.sleep(0.1)
             assert record["state"] == "completed" and record["result"]["structuredContent"]["result"].startswith("pid")

@@ -25,19 +25,20 @@ from typing import Any, ClassVar
 
 from kvstores.conformance._base import StoreConformance, requires
 from kvstores.tasks._engine import Claim, TaskEngine
+from kvstores.tasks._record import TaskRecord, TaskState
 from kvstores.tasks._worker import Outcome, Worker
 
 __all__ = ["TaskEngineConformance"]
 
 
-async def _submit(engine: TaskEngine, scope: str | None = "principal-a", **fields: Any) -> dict[str, Any]:
+async def _submit(engine: TaskEngine, scope: str | None = "principal-a", **fields: Any) -> TaskRecord:
     options = {"tool": "tool", "version": None, "arguments": {"n": 1}, "caller": {}, "poll_interval_ms": 100}
     return await engine.submit(scope=scope, **{**options, **fields})
 
 
-async def _claimed(engine: TaskEngine, task_id: str, within: float = 5.0) -> Claim:
+async def _claimed(engine: TaskEngine, task_ref: str, within: float = 5.0) -> Claim:
     deadline = time.monotonic() + within
-    while (claim := await engine.claim(task_id)) is None:
+    while (claim := await engine.claim(task_ref)) is None:
         assert time.monotonic() < deadline, "the task never became claimable"
         await asyncio.sleep(0.05)
     return claim
@@ -55,26 +56,27 @@ class TaskEngineConformance(StoreConformance):
     async def test_tasks_known_at_once_and_only_to_their_principal(self, store: Any) -> None:
         engine = TaskEngine(store)
         record = await _submit(engine)
-        assert len(record["id"]) >= 43
-        read = await engine.read(record["id"], "principal-a")
-        assert read is not None and read["state"] == "working" and read["arguments"] == {"n": 1}
-        assert await engine.read(record["id"], "principal-b") is None
-        assert await engine.read(record["id"], None) is None
+        assert len(record.id) >= 43
+        read = await engine.read(record.id, "principal-a")
+        assert read is not None and read.state is TaskState.WORKING and read.arguments == {"n": 1}
+        assert await engine.read(record.id, "principal-b") is None
+        assert await engine.read(record.id, None) is None
         assert await engine.read("no-such-task", "principal-a") is None
-        assert record["id"] in await engine.runnable()
+        assert record.ref in await engine.runnable()
+        assert record.id not in await engine.runnable(), "the id is a capability: never a key"
 
     @requires("atomic", "keys")
     async def test_tasks_known_at_once_to_another_store_object(self, store: Any, peer_store: Any) -> None:
         engine, peer = TaskEngine(store), TaskEngine(peer_store)
         for _ in range(20):
             record = await _submit(engine)
-            assert await peer.read(record["id"], "principal-a") is not None
+            assert await peer.read(record.id, "principal-a") is not None
 
     @requires("atomic", "keys")
     async def test_tasks_one_claim_wins(self, store: Any) -> None:
         record = await _submit(TaskEngine(store))
         engines = [TaskEngine(store) for _ in range(8)]
-        claims = await asyncio.gather(*(engine.claim(record["id"]) for engine in engines))
+        claims = await asyncio.gather(*(engine.claim(record.ref) for engine in engines))
         won = [claim for claim in claims if claim is not None]
         assert len(won) == 1 and won[0].token == 1
 
@@ -82,40 +84,83 @@ class TaskEngineConformance(StoreConformance):
     async def test_tasks_a_lapsed_lease_is_fenced_off(self, store: Any) -> None:
         first, second = TaskEngine(store, lease=self.lease), TaskEngine(store, lease=self.lease)
         record = await _submit(first)
-        old = await _claimed(first, record["id"])
-        assert await second.claim(record["id"]) is None  # the lease holds
+        old = await _claimed(first, record.ref)
+        assert await second.claim(record.ref) is None  # the lease holds
         await asyncio.sleep(self.lease + 0.1)
-        new = await _claimed(second, record["id"])
+        new = await _claimed(second, record.ref)
         assert new.token == old.token + 1
         assert not await first.heartbeat(old)
-        assert not await first.finish(old, "completed", result={"from": "old"})
-        assert await second.finish(new, "completed", result={"from": "new"})
-        assert not await first.finish(old, "completed", result={"from": "old"})
-        final = await first.read(record["id"], "principal-a")
-        assert final is not None and final["result"] == {"from": "new"} and final["attempts"] == 2
+        assert not await first.finish(old, TaskState.COMPLETED, result={"from": "old"})
+        assert await second.finish(new, TaskState.COMPLETED, result={"from": "new"})
+        assert not await first.finish(old, TaskState.COMPLETED, result={"from": "old"})
+        final = await first.read(record.id, "principal-a")
+        assert final is not None and final.result == {"from": "new"} and final.attempts == 2
 
     @requires("atomic", "keys")
     async def test_tasks_a_terminal_state_is_final(self, store: Any) -> None:
         engine = TaskEngine(store)
         record = await _submit(engine)
-        claim = await _claimed(engine, record["id"])
-        assert await engine.finish(claim, "completed", result={"ok": True})
-        assert await engine.cancel(record["id"], "principal-a")  # acknowledged, nothing changes
-        assert not await engine.finish(claim, "failed", error={"code": -1, "message": "late"})
-        final = await engine.read(record["id"], "principal-a")
-        assert final is not None and final["state"] == "completed" and final["result"] == {"ok": True}
-        assert record["id"] not in await engine.runnable()
-        assert not await engine.cancel(record["id"], "principal-b")
+        claim = await _claimed(engine, record.ref)
+        assert await engine.finish(claim, TaskState.COMPLETED, result={"ok": True})
+        assert await engine.cancel(record.id, "principal-a")  # acknowledged, nothing changes
+        assert not await engine.finish(claim, TaskState.FAILED, error={"code": -1, "message": "late"})
+        final = await engine.read(record.id, "principal-a")
+        assert final is not None and final.state is TaskState.COMPLETED and final.result == {"ok": True}
+        assert record.ref not in await engine.runnable()
+        assert not await engine.cancel(record.id, "principal-b")
+
+    @requires("atomic", "keys")
+    async def test_tasks_declined_changes_write_nothing(self, store: Any) -> None:
+        engine = TaskEngine(store, ttl=self.ttl)
+        record = await _submit(engine)
+        claim = await _claimed(engine, record.ref)
+        assert await engine.finish(claim, TaskState.COMPLETED, result={"ok": True})
+        _, remaining = await store.ttl(record.ref, collection="kvstores-tasks")
+        assert remaining is not None
+        for _ in range(3):  # a cancel, a zombie's renewal and its late outcome: declined, no write
+            assert await engine.cancel(record.id, "principal-a")
+            assert not await engine.heartbeat(claim)
+            assert not await engine.finish(claim, TaskState.FAILED, error={"code": -1, "message": "late"})
+        _, after = await store.ttl(record.ref, collection="kvstores-tasks")
+        assert after is not None and after <= remaining, "a declined change must not extend the record's TTL"
+        await asyncio.sleep(self.ttl + 0.3)
+        assert await engine.read(record.id, "principal-a") is None, "known past its TTL after declined changes"
+
+    @requires("atomic", "keys")
+    async def test_tasks_a_lapse_is_claimed_only_once_confirmed(self, store: Any) -> None:
+        holder, claimer = TaskEngine(store, lease=self.lease), TaskEngine(store, lease=self.lease)
+        record = await _submit(holder)
+        held = await _claimed(holder, record.ref)
+        await asyncio.sleep(self.lease + 0.1)  # lapsed by the clock, as after an outage of the store
+        assert await claimer.claim(record.ref) is None, "a lapse seen once may be the store's absence"
+        assert await holder.heartbeat(held), "a holder that renews after its lease lapsed keeps the task"
+        assert await claimer.claim(record.ref) is None
+        assert await holder.finish(held, TaskState.COMPLETED, result={"attempt": 1})
+        final = await claimer.read(record.id, "principal-a")
+        assert final is not None and final.result == {"attempt": 1} and final.attempts == 1
+
+    @requires("atomic", "keys")
+    async def test_tasks_a_running_task_outlives_its_ttl(self, store: Any) -> None:
+        engine = TaskEngine(store, lease=self.lease, ttl=self.ttl)
+        record = await _submit(engine)
+        claim = await _claimed(engine, record.ref)
+        deadline = time.monotonic() + 2 * self.ttl + 0.5
+        while time.monotonic() < deadline:  # renewals keep both the record and its queue entry
+            assert await engine.heartbeat(claim)
+            await asyncio.sleep(self.lease / 3)
+        assert record.ref in await engine.runnable(), "the queue entry of a running task must not expire"
+        assert await engine.finish(claim, TaskState.COMPLETED, result={"ok": True})
+        assert record.ref not in await engine.runnable()
 
     @requires("atomic", "keys")
     async def test_tasks_expire_with_their_ttl(self, store: Any) -> None:
         engine = TaskEngine(store, ttl=self.ttl)
         record = await _submit(engine)
-        assert record["ttl_ms"] == int(self.ttl * 1000)
+        assert record.ttl_ms == int(self.ttl * 1000)
         await asyncio.sleep(self.ttl + 0.3)
-        assert await engine.read(record["id"], "principal-a") is None
-        assert await engine.records([record["id"]]) == [None]
-        assert record["id"] not in await engine.runnable()
+        assert await engine.read(record.id, "principal-a") is None
+        assert await engine.records([record.ref]) == [None]
+        assert record.ref not in await engine.runnable()
 
     @requires("atomic", "keys")
     async def test_tasks_a_worker_runs_them_and_a_cancel_reaches_the_work(self, store: Any) -> None:
@@ -123,39 +168,39 @@ class TaskEngineConformance(StoreConformance):
         cancelled = asyncio.Event()
 
         async def execute(claim: Claim, _: TaskEngine) -> Outcome:
-            if claim.record["arguments"].get("sleep"):
+            if claim.record.arguments.get("sleep"):
                 try:
                     await asyncio.sleep(60)
                 except asyncio.CancelledError:
                     cancelled.set()
                     raise
-            return Outcome("completed", {"result": {"n": claim.record["arguments"]["n"] * 2}})
+            return Outcome(TaskState.COMPLETED, {"result": {"n": claim.record.arguments["n"] * 2}})
 
         worker = Worker(engine, execute, concurrency=2, rescan=0.2)
         running = asyncio.get_running_loop().create_task(worker.run())
         try:
             record = await _submit(engine, arguments={"n": 21})
-            done = await self._settled(engine, record["id"])
-            assert done["state"] == "completed" and done["result"] == {"n": 42}
+            done = await self._settled(engine, record.id)
+            assert done.state is TaskState.COMPLETED and done.result == {"n": 42}
             sleeping = await _submit(engine, arguments={"n": 0, "sleep": True})
             deadline = time.monotonic() + 10
-            while sleeping["id"] not in worker.running:
+            while sleeping.ref not in worker.running:
                 assert time.monotonic() < deadline, "the worker never started the task"
                 await asyncio.sleep(0.02)
-            assert await engine.cancel(sleeping["id"], "principal-a")
+            assert await engine.cancel(sleeping.id, "principal-a")
             await asyncio.wait_for(cancelled.wait(), 5)
-            final = await engine.read(sleeping["id"], "principal-a")
-            assert final is not None and final["state"] == "cancelled"
+            final = await engine.read(sleeping.id, "principal-a")
+            assert final is not None and final.state is TaskState.CANCELLED
         finally:
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)
 
-    async def _settled(self, engine: TaskEngine, task_id: str) -> dict[str, Any]:
+    async def _settled(self, engine: TaskEngine, task_id: str) -> TaskRecord:
         deadline = time.monotonic() + 10
         while True:
             record = await engine.read(task_id, "principal-a")
             assert record is not None
-            if record["state"] != "working":
+            if record.state is not TaskState.WORKING:
                 return record
             assert time.monotonic() < deadline, "the task never finished"
             await asyncio.sleep(0.05)

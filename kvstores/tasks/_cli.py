@@ -1,8 +1,9 @@
 """``kvstores tasks ls|show|cancel`` and ``kvstores worker``: the operator's view of background tasks.
 
 Tasks are named by their label (``#`` and 12 hex digits of the id's SHA-256), never by id: an id
-is what lets a client read a task's result. Nothing a task carries for its tool (arguments,
-result, the caller's token and headers, input answers) is printed.
+is what lets a client read a task's result (the store keeps only its digest as the key).
+Nothing a task carries for its tool (arguments, result, the caller's token and headers, input
+answers) is printed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import json
 import time
 from typing import Any
 
-from kvstores.tasks._engine import TaskEngine, label
+from kvstores.tasks._engine import TaskEngine
+from kvstores.tasks._record import TaskRecord, TaskState, label, ref
 
 __all__ = ["tasks", "worker"]
 
@@ -27,29 +29,31 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3_600:.1f}h"
 
 
-def summary(record: dict[str, Any], now: float) -> dict[str, Any]:
+def summary(record: TaskRecord, now: float) -> dict[str, Any]:
     """What an operator sees of a task: no arguments, result, caller or answers."""
-    lease = record.get("lease") or {}
+    lease = record.lease
     return {
-        "task": label(record["id"]),
-        "state": record["state"],
-        "tool": record["tool"],
-        "age": round(now - record["created"], 3),
-        "updated": round(now - record["updated"], 3),
-        "worker": lease.get("worker"),
-        "lease_left": None if not lease else round(lease["expires"] - now, 3),
-        "attempts": record.get("attempts", 0),
-        "principal": record.get("scope"),
-        "message": record.get("message"),
-        "error": (record.get("error") or {}).get("message"),
-        "ttl_ms": record.get("ttl_ms"),
+        "task": label(record.ref),
+        "state": record.state.value,
+        "tool": record.tool,
+        "age": round(now - record.created, 3),
+        "updated": round(now - record.updated, 3),
+        "worker": None if lease is None else lease.holder,
+        "lease_left": None if lease is None else round(lease.expires - now, 3),
+        "attempts": record.attempts,
+        "principal": record.scope,
+        "message": record.message,
+        "error": (record.error or {}).get("message"),
+        "ttl_ms": record.ttl_ms,
     }
 
 
-async def _find(engine: TaskEngine, wanted: str) -> dict[str, Any] | None:
-    """The record named by ``wanted``: a task's id or its label."""
-    ids = await engine.all_ids()
-    matches = [task_id for task_id in ids if wanted in (task_id, label(task_id))]
+async def _find(engine: TaskEngine, wanted: str) -> TaskRecord | None:
+    """The record named by ``wanted``: its label (or the task's id, which is digested first)."""
+    refs = await engine.all_refs()
+    matches = [task_ref for task_ref in refs if wanted in (label(task_ref), task_ref, "#" + task_ref)]
+    if not matches and ref(wanted) in refs:
+        matches = [ref(wanted)]
     records = await engine.records(matches[:1])
     return records[0] if records else None
 
@@ -59,8 +63,8 @@ async def tasks(options: argparse.Namespace, store: Any) -> int:
     engine = TaskEngine(store)
     now = time.time()
     if options.action == "ls":
-        ids = await engine.all_ids()
-        rows = [summary(record, now) for record in await engine.records(ids) if record is not None]
+        refs = await engine.all_refs()
+        rows = [summary(record, now) for record in await engine.records(refs) if record is not None]
         rows.sort(key=lambda row: -row["age"])
         if options.json:
             print(json.dumps(rows, indent=2))
@@ -82,12 +86,10 @@ async def tasks(options: argparse.Namespace, store: Any) -> int:
     if options.action == "show":
         print(json.dumps(summary(record, now), indent=2))
         return 0
-    ended = await engine.cancel(record["id"], record.get("scope"))
-    after = (await engine.records([record["id"]]))[0]
-    print(
-        f"{label(record['id'])}: {'cancelled' if ended and after and after['state'] == 'cancelled' else 'unchanged'}"
-        f" ({(after or record)['state']})"
-    )
+    ended = await engine.cancel(record.id, record.scope)
+    after = (await engine.records([record.ref]))[0]
+    cancelled = ended and after is not None and after.state is TaskState.CANCELLED
+    print(f"{label(record.ref)}: {'cancelled' if cancelled else 'unchanged'} ({(after or record).state.value})")
     return 0
 
 

@@ -21,9 +21,11 @@ from fastmcp.utilities.tasks import TASKS_EXTENSION_ID
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import LATEST_MODERN_VERSION
 
+from kvstores.tasks._record import TaskState
+
 __all__ = ["KEEP_ALIVE", "TERMINAL_STATES", "TaskClient"]
 
-TERMINAL_STATES = ("completed", "failed", "cancelled")
+TERMINAL_STATES = tuple(state.value for state in TaskState if state.terminal)
 """The states a task never leaves."""
 
 KEEP_ALIVE = 4.0

@@ -39,6 +39,7 @@ from kvstores.tasks._models import (
     UpdateTaskResult,
     missing_capability_error_data,
 )
+from kvstores.tasks._record import TaskRecord, TaskState
 from kvstores.tasks._worker import DEFAULT_CONCURRENCY, DEFAULT_RESCAN, Worker
 
 if TYPE_CHECKING:
@@ -187,14 +188,14 @@ class StoreTasks(ServerExtension):
                 code=INTERNAL_ERROR, message=f"the task could not be stored, so it was not created: {exc}"
             ) from exc
         if self._local is not None:
-            self._local.offer(record["id"])  # a free slot here takes it without the signal's round trip
+            self._local.offer(record.ref)  # a free slot here takes it without the signal's round trip
         return CreateTaskResult(
-            task_id=record["id"],
+            task_id=record.id,
             status="working",
-            created_at=iso(record["created"]),
-            last_updated_at=iso(record["updated"]),
-            ttl_ms=record["ttl_ms"],
-            poll_interval_ms=record["poll_ms"],
+            created_at=iso(record.created),
+            last_updated_at=iso(record.updated),
+            ttl_ms=record.ttl_ms,
+            poll_interval_ms=record.poll_ms,
         )
 
     # -- tasks/* -----------------------------------------------------------------------
@@ -293,24 +294,23 @@ def _check_request(ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
         )
 
 
-def _detailed(record: dict[str, Any]) -> GetTaskResult:
+def _detailed(record: TaskRecord) -> GetTaskResult:
     """``tasks/get``'s answer for a record."""
-    state = record["state"]
     payload: dict[str, Any] = {}
-    if state == "completed":
-        payload["result"] = record["result"]
-    elif state == "failed":
-        payload["error"] = record["error"]
-    elif state == "input_required":
-        payload["input_requests"] = record["input_requests"]
+    if record.state is TaskState.COMPLETED:
+        payload["result"] = record.result
+    elif record.state is TaskState.FAILED:
+        payload["error"] = record.error
+    elif record.state is TaskState.INPUT_REQUIRED:
+        payload["input_requests"] = record.input_requests
     return GetTaskResult(
-        task_id=record["id"],
-        status=state,
-        created_at=iso(record["created"]),
-        last_updated_at=iso(record["updated"]),
-        ttl_ms=record["ttl_ms"],
-        poll_interval_ms=record["poll_ms"],
-        status_message=record.get("message"),
+        task_id=record.id,
+        status=record.state.value,
+        created_at=iso(record.created),
+        last_updated_at=iso(record.updated),
+        ttl_ms=record.ttl_ms,
+        poll_interval_ms=record.poll_ms,
+        status_message=record.message,
         **payload,
     )
 

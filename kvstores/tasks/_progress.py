@@ -5,22 +5,29 @@ FastMCP 4.2.3 makes ``Progress`` and ``ctx.report_progress`` observable only in 
 function tool with its ``Progress`` parameters' default swapped for :class:`StoreProgress` (a
 ``Progress`` whose state goes to the record, fenced on the task's lease), and gives it a
 :class:`TaskContext` whose ``report_progress`` does the same. The task's ``statusMessage`` is the
-last message, or ``current/total`` when there is none.
+last message, or ``current/total`` when there is none. Progress is best effort: a write the store
+refuses (down, frozen past its timeout) is logged and dropped, never raised into the tool.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from fastmcp.server.context import Context
 from fastmcp.server.dependencies import Progress
 
+from kvstores.errors import KVStoreError
 from kvstores.tasks._engine import Claim, TaskEngine
+from kvstores.tasks._record import label
 
 __all__ = ["ProgressRecorder", "StoreProgress", "TaskContext", "with_store_progress"]
+
+logger = logging.getLogger("kvstores.tasks")
 
 
 class ProgressRecorder:
@@ -81,7 +88,10 @@ class ProgressRecorder:
         if shown is None and self._current is not None:
             shown = f"{self._current:g}/{self._total:g}"
         progress = {"current": self._current, "total": self._total, "message": self._message}
-        await self.engine.fenced(self.claim, lambda record: {**record, "progress": progress, "message": shown})
+        try:
+            await self.engine.fenced(self.claim, lambda record: replace(record, progress=progress, message=shown))
+        except (KVStoreError, OSError, TimeoutError) as exc:  # best effort: the tool goes on, the next write catches up
+            logger.warning("tasks: progress of task %s not stored (%s)", label(self.claim.task_ref), exc)
 
 
 class StoreProgress(Progress):

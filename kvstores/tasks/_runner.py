@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 import mcp_types
 from mcp.shared.exceptions import MCPError
 
-from kvstores.tasks._engine import Claim, TaskEngine, label
+from kvstores.tasks._engine import Claim, TaskEngine
 from kvstores.tasks._progress import ProgressRecorder, TaskContext, with_store_progress
+from kvstores.tasks._record import TaskRecord, TaskState, label
 from kvstores.tasks._worker import Outcome
 
 if TYPE_CHECKING:
@@ -48,14 +49,14 @@ async def execute(server: FastMCP, claim: Claim, engine: TaskEngine) -> Outcome:
     from fastmcp.utilities.versions import VersionSpec
 
     record = claim.record
-    version = record.get("version")
+    version = record.version
     try:
-        tool = await server.get_tool(record["tool"], VersionSpec(eq=version) if version else None)
+        tool = await server.get_tool(record.tool, VersionSpec(eq=version) if version else None)
     except NotFoundError:
         tool = None
     if tool is None:
-        return _failed(f"tool {record['tool']!r} is not served by this worker's server")
-    caller: Mapping[str, Any] = record.get("caller") or {}
+        return _failed(f"tool {record.tool!r} is not served by this worker's server")
+    caller: Mapping[str, Any] = record.caller
     _restore_caller(caller)
     recorder = ProgressRecorder(engine, claim)
     ctx = TaskContext(fastmcp=server, task_id=claim.task_id, origin_request_id=caller.get("origin_request_id"))
@@ -64,26 +65,26 @@ async def execute(server: FastMCP, claim: Claim, engine: TaskEngine) -> Outcome:
     wrapped = None if fn is None or not inspect.iscoroutinefunction(fn) else with_store_progress(fn, recorder)
     if wrapped is not None:
         tool = tool.model_copy(update={"fn": wrapped})
-    ctx._task_input_responses = _typed_responses(record.get("input_responses"))
-    ctx._task_request_state = record.get("request_state")
+    ctx._task_input_responses = _typed_responses(record.input_responses)
+    ctx._task_request_state = record.request_state
     try:
         async with ctx:
-            result = await tool.run(dict(record["arguments"]))
+            result = await tool.run(dict(record.arguments))
     except FastMCPError as exc:
         return _tool_error(str(exc))
     except MCPError as exc:
         error: dict[str, Any] = {"code": exc.error.code, "message": exc.error.message}
         if exc.error.data is not None:
             error["data"] = exc.error.data
-        return Outcome("failed", {"error": error, "message": exc.error.message})
+        return Outcome(TaskState.FAILED, {"error": error, "message": exc.error.message})
     except Exception as exc:
-        logger.exception("tasks: the tool of task %s raised", label(claim.task_id))
+        logger.exception("tasks: the tool of task %s raised", label(claim.task_ref))
         masked = getattr(server, "_mask_error_details", False)
         text = f"Error calling tool {tool.name!r}" + ("" if masked else f": {exc}")
         return _tool_error(text)
     if isinstance(result, InputRequiredToolResult):
         return _parked(result.input_required, record)
-    return Outcome("completed", {"result": _call_tool_result(tool, result), "message": None})
+    return Outcome(TaskState.COMPLETED, {"result": _call_tool_result(tool, result), "message": None})
 
 
 def _restore_caller(caller: Mapping[str, Any]) -> None:
@@ -127,7 +128,7 @@ def _typed_responses(stored: Mapping[str, Any] | None) -> mcp_types.InputRespons
     return responses
 
 
-def _parked(asked: mcp_types.InputRequiredResult, record: Mapping[str, Any]) -> Outcome:
+def _parked(asked: mcp_types.InputRequiredResult, record: TaskRecord) -> Outcome:
     """The task waits for the client's answers: each request under a key no earlier round used."""
     requests = asked.input_requests or {}
     if not requests:
@@ -135,14 +136,14 @@ def _parked(asked: mcp_types.InputRequiredResult, record: Mapping[str, Any]) -> 
             "A background task returned an InputRequiredResult that asks nothing; "
             "include at least one input request, or run the tool synchronously."
         )
-    round_number = int(record.get("attempts", 1))
+    round_number = record.attempts
     surfaced = {f"{key}@{round_number}": key for key in requests}
     dumped = {
         shown: requests[key].model_dump(by_alias=True, mode="json", exclude_none=True)
         for shown, key in surfaced.items()
     }
     return Outcome(
-        "input_required",
+        TaskState.INPUT_REQUIRED,
         {"input_requests": dumped, "input_keys": surfaced, "request_state": asked.request_state, "message": None},
     )
 
@@ -162,8 +163,10 @@ def _call_tool_result(tool: Tool, result: Any) -> dict[str, Any]:
 
 def _tool_error(text: str) -> Outcome:
     result = mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)], is_error=True)
-    return Outcome("completed", {"result": result.model_dump(by_alias=True, mode="json", exclude_none=True)})
+    return Outcome(TaskState.COMPLETED, {"result": result.model_dump(by_alias=True, mode="json", exclude_none=True)})
 
 
 def _failed(message: str) -> Outcome:
-    return Outcome("failed", {"error": {"code": mcp_types.INTERNAL_ERROR, "message": message}, "message": message})
+    return Outcome(
+        TaskState.FAILED, {"error": {"code": mcp_types.INTERNAL_ERROR, "message": message}, "message": message}
+    )

@@ -1,24 +1,28 @@
 """The worker: claims runnable tasks from the store and runs them, ``concurrency`` at a time.
 
-Pickup is woken by the signal channel (``submit <id>`` names the task, so a free worker claims
-it at once); a rescan of the queue every ``rescan`` seconds, and at once after a GAP of the
-channel, finds what a lost signal or an expired lease left runnable. A running task's lease is
-renewed every third of its length; a ``cancel <id>`` signal, or a renewal that finds the lease
-lost, cancels the tool's asyncio task.
+Pickup is woken by the signal channel (``submit <ref>`` names the task, so a free worker claims
+it at once); a scan of the queue every ``rescan`` seconds on a fixed schedule (wake-ups never
+postpone it, however many arrive), and at once after a GAP of the channel, finds what a lost
+signal or a lapsed lease left runnable. A running task's lease is kept by
+:func:`kvstores._lease.keep`; a ``cancel <ref>`` signal, or a renewal that finds the lease lost,
+cancels the tool's asyncio task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstores._lease import keep
 from kvstores._telemetry import span
 from kvstores.errors import EncryptionKeyError, KVStoreError
-from kvstores.tasks._engine import SIGNALS, Claim, TaskEngine, label
+from kvstores.tasks._engine import SIGNALS, Claim, TaskEngine
+from kvstores.tasks._record import TaskState, label
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_RESCAN", "Outcome", "Worker"]
 
@@ -38,7 +42,7 @@ _RELEASE_SECONDS = 1.0
 class Outcome:
     """How a run ended: a state (completed, failed or input_required) and the record fields it sets."""
 
-    state: str
+    state: TaskState
     fields: dict[str, Any] = field(default_factory=dict)
 
 
@@ -80,14 +84,15 @@ class Worker:
             unsubscribe = await channel(self.engine.store).listen(SIGNALS, self._on_message, self._on_gap)
         except (KVStoreError, TypeError, OSError) as exc:
             logger.warning("tasks: no signal channel (%s); the worker rescans every %g s", exc, self.rescan)
+        loop = asyncio.get_running_loop()
+        next_scan = loop.time()  # the first scan at once: what an earlier run left
         try:
             while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.rescan)
-                    # a wake-up, not the rescan timer
-                if not self._wake.is_set():
-                    self._full_scan = True
+                await _wait(self._wake, next_scan - loop.time())
                 self._wake.clear()
+                if loop.time() >= next_scan:  # on its schedule, whatever woke the worker meanwhile
+                    self._full_scan = True
+                    next_scan = loop.time() + self.rescan
                 try:
                     await self._fill()
                 except (KVStoreError, OSError) as exc:
@@ -100,18 +105,18 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def offer(self, task_id: str) -> None:
-        """A task just submitted in this process: claim it at the next turn if a slot is free."""
-        self._hints.append(task_id)
+    def offer(self, task_ref: str) -> None:
+        """A task just submitted in this process (by its ref): claim it at the next turn if a slot is free."""
+        self._hints.append(task_ref)
         self._wake.set()
 
     def _on_message(self, message: str) -> None:
-        kind, _, task_id = message.partition(" ")
+        kind, _, task_ref = message.partition(" ")
         if kind == "submit":
-            self.offer(task_id)
-        elif kind == "cancel" and task_id in self._tools:
-            logger.info("tasks: task %s cancelled; stopping its tool", label(task_id))
-            self._tools[task_id].cancel()
+            self.offer(task_ref)
+        elif kind == "cancel" and task_ref in self._tools:
+            logger.info("tasks: task %s cancelled; stopping its tool", label(task_ref))
+            self._tools[task_ref].cancel()
 
     def _on_gap(self) -> None:
         self._full_scan = True
@@ -124,28 +129,28 @@ class Worker:
         hinted = len(candidates)
         if self._full_scan:
             self._full_scan = False
-            candidates += [task_id for task_id in await self.engine.runnable() if task_id not in candidates]
-        for index, task_id in enumerate(candidates):
+            candidates += [task_ref for task_ref in await self.engine.runnable() if task_ref not in candidates]
+        for index, task_ref in enumerate(candidates):
             if len(self.running) >= self.concurrency:
-                # what did not fit waits for a free slot: the hinted ids as they are, the rest by a scan
+                # what did not fit waits for a free slot: the hinted refs as they are, the rest by a scan
                 self._hints[:0] = candidates[index:hinted]
                 self._full_scan = self._full_scan or len(candidates) > hinted
                 return
-            if task_id in self.running:
+            if task_ref in self.running:
                 continue
             try:
-                claim = await self.engine.claim(task_id)
+                claim = await self.engine.claim(task_ref)
             except EncryptionKeyError:
                 continue  # reported beside the record by claim(): the task fails, the tool never runs
             if claim is not None:
                 self._start(claim)
 
     def _start(self, claim: Claim) -> None:
-        task = asyncio.get_running_loop().create_task(self._run(claim), name=f"kvstores task {label(claim.task_id)}")
-        self.running[claim.task_id] = task
+        task = asyncio.get_running_loop().create_task(self._run(claim), name=f"kvstores task {label(claim.task_ref)}")
+        self.running[claim.task_ref] = task
 
         def done(_: asyncio.Task[None]) -> None:
-            self.running.pop(claim.task_id, None)
+            self.running.pop(claim.task_ref, None)
             if self._hints or self._full_scan:  # a slot is free for what waits (a lone finish lists nothing)
                 self._wake.set()
 
@@ -154,9 +159,9 @@ class Worker:
     async def _run(self, claim: Claim) -> None:
         """Run one claimed task: the tool beside its lease's heartbeat, then its outcome, fenced."""
         attributes = {
-            "kvstores.task": label(claim.task_id),
-            "kvstores.task.tool": claim.record["tool"],
-            "kvstores.task.attempt": claim.record["attempts"],
+            "kvstores.task": label(claim.task_ref),
+            "kvstores.task.tool": claim.record.tool,
+            "kvstores.task.attempt": claim.record.attempts,
             "kvstores.worker": self.engine.worker_id,
         }
         with span("kvstores.tasks run", attributes):
@@ -164,14 +169,14 @@ class Worker:
 
     async def _run_claimed(self, claim: Claim) -> None:
         tool: asyncio.Task[Outcome] = asyncio.get_running_loop().create_task(self.execute(claim, self.engine))
-        self._tools[claim.task_id] = tool
+        self._tools[claim.task_ref] = tool
         beat = asyncio.get_running_loop().create_task(self._heartbeat(claim, tool))
         try:
             outcome = await tool
         except Exception as exc:  # the run itself broke (not the tool: execute turns its errors into outcomes)
-            logger.exception("tasks: running task %s failed", label(claim.task_id))
+            logger.exception("tasks: running task %s failed", label(claim.task_ref))
             message = f"the worker could not run the task: {type(exc).__name__}: {exc}"
-            outcome = Outcome("failed", {"error": {"code": -32603, "message": message}, "message": message})
+            outcome = Outcome(TaskState.FAILED, {"error": {"code": -32603, "message": message}, "message": message})
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
@@ -179,12 +184,12 @@ class Worker:
                 raise
             return  # the task was cancelled (or its lease lost): nothing of this run is written
         finally:
-            self._tools.pop(claim.task_id, None)
+            self._tools.pop(claim.task_ref, None)
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
         if not await self.engine.finish(claim, outcome.state, **outcome.fields):
-            logger.warning("tasks: the lease of task %s was lost; this run's outcome is dropped", label(claim.task_id))
+            logger.warning("tasks: the lease of task %s was lost; this run's outcome is dropped", label(claim.task_ref))
 
     async def _release(self, claim: Claim) -> None:
         """Give the task back within a second, or leave it to its lease (the store may be down)."""
@@ -192,22 +197,27 @@ class Worker:
             await asyncio.wait_for(asyncio.shield(self.engine.release(claim)), _RELEASE_SECONDS)
         except (TimeoutError, KVStoreError, OSError) as exc:
             logger.warning(
-                "tasks: could not give back task %s (%s); it runs again after its lease", label(claim.task_id), exc
+                "tasks: could not give back task %s (%s); it runs again after its lease", label(claim.task_ref), exc
             )
 
     async def _heartbeat(self, claim: Claim, tool: asyncio.Task[Outcome]) -> None:
-        interval = self.engine.lease / 3
-        while not tool.done():
-            await asyncio.sleep(interval)
-            try:
-                held = await self.engine.heartbeat(claim)
-            except (KVStoreError, OSError) as exc:
-                logger.warning("tasks: renewing the lease of task %s failed: %s", label(claim.task_id), exc)
-                continue
-            if not held:
-                logger.warning(
-                    "tasks: task %s is no longer ours (cancelled, or re-run after our lease lapsed)",
-                    label(claim.task_id),
-                )
-                tool.cancel()
-                return
+        """Keep the lease while the tool runs; cancel the tool once the lease is lost."""
+        await keep(functools.partial(self.engine.heartbeat, claim), self.engine.lease, name=label(claim.task_ref))
+        if not tool.done():
+            logger.warning(
+                "tasks: task %s is no longer ours (cancelled, or re-run after our lease lapsed)", label(claim.task_ref)
+            )
+            tool.cancel()
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    """Wait until ``event`` is set or ``seconds`` passed; a cancel is never swallowed
+    (``asyncio.wait_for`` on 3.11 drops one that arrives as the event is set)."""
+    if event.is_set() or seconds <= 0:
+        await asyncio.sleep(0)  # still a point where a cancel lands
+        return
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=seconds)
+    finally:
+        waiter.cancel()

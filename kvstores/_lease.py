@@ -1,0 +1,134 @@
+"""Leases: one holder at a time for a stored record, fenced by a token, that survive the store's absence.
+
+The mechanism, written once (background tasks use it; see :mod:`kvstores.tasks._engine`):
+
+- **Where it lives.** A lease is a field of the record it guards, ``{holder, token, expires}``,
+  beside the record's fencing counter. Every change to it is one ``AtomicStore.update`` of that
+  record, so the lease and what it guards can never disagree.
+- **Claim.** A record whose lease is absent, or lapsed *and confirmed lapsed* (below), is claimed
+  by writing a new lease whose token is the counter plus one. Of concurrent claimers exactly one
+  wins: the others' compare-and-set sees the new token and declines (``UNCHANGED``: no write).
+- **Renew and fenced writes.** The holder renews every third of the lease's length, and every
+  write it makes afterwards (renewal, progress, outcome, release) applies only while the record
+  still carries its token. A holder that froze past its lease and woke after another claimed
+  (a new token) can change nothing, however late it wakes: the token, not the clock, decides.
+  A declined write writes nothing, so it never refreshes the record's TTL.
+- **Renewal through an outage.** A renewal the store refused because it could not be reached is
+  retried every :func:`retry_interval` seconds (at most a second), not every third of the lease,
+  and a renewal is accepted whenever the token still matches, even after the wall-clock expiry:
+  a holder that lived through an outage keeps its lease if nobody claimed it meanwhile.
+- **Confirmed lapse.** Nobody can claim while the store is down, so a lapse seen right after an
+  outage says nothing about the holder. A claimer therefore claims a lapsed lease only when it
+  has seen *the same* lapsed lease (same token, same expiry) for at least :func:`confirm_after`
+  seconds, with no store error of its own in between (:class:`LapseWatch`). That window is
+  longer than the holder's renewal retry, so a live holder renews first and the claimer sees a
+  new expiry. A dead holder's record is claimed within ``lease + confirm_after + one scan``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvstores.errors import KVStoreError
+
+__all__ = ["Lease", "LapseWatch", "confirm_after", "keep", "retry_interval"]
+
+logger = logging.getLogger("kvstores.lease")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A holder's claim on a record: who, its fencing token, and the wall-clock time it lapses at."""
+
+    holder: str
+    token: int
+    expires: float
+
+    def lapsed(self, now: float) -> bool:
+        """True when the lease was not renewed before ``now`` (wall-clock seconds)."""
+        return self.expires <= now
+
+    def renewed(self, now: float, length: float) -> Lease:
+        """The same lease, expiring ``length`` seconds after ``now``."""
+        return Lease(self.holder, self.token, now + length)
+
+    def to_json(self) -> dict[str, Any]:
+        """The lease as stored in its record."""
+        return {"worker": self.holder, "token": self.token, "expires": self.expires}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Lease | None:
+        """The lease a record stores (None: no lease)."""
+        if data is None:
+            return None
+        return cls(str(data["worker"]), int(data["token"]), float(data["expires"]))
+
+
+def retry_interval(length: float) -> float:
+    """Seconds between two renewal attempts after a failed one (the store unreachable)."""
+    return min(length / 3, 1.0)
+
+
+def confirm_after(length: float) -> float:
+    """Seconds a claimer must see one lapsed lease unchanged before it claims: half the lease, and at
+    least twice the holder's renewal retry (a renewal in flight as the store came back may take one)."""
+    return max(2 * retry_interval(length), length / 2)
+
+
+class LapseWatch:
+    """A claimer's memory of the lapsed leases it saw: what :meth:`confirmed` lets it claim.
+
+    ``confirmed(item, lease)`` is True only when this process saw the very same lapsed lease at
+    least :func:`confirm_after` seconds ago and had no store error since (:meth:`outage`).
+    """
+
+    def __init__(self, length: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window = confirm_after(length)
+        self._clock = clock
+        self._seen: dict[str, tuple[Lease, float]] = {}
+
+    def outage(self) -> None:
+        """This process could not reach the store: every lapse seen before may be the store's absence."""
+        self._seen.clear()
+
+    def confirmed(self, item: str, lease: Lease) -> bool:
+        """True when ``lease`` of ``item`` has been seen lapsed, unchanged, for the whole window."""
+        now = self._clock()
+        seen = self._seen.get(item)
+        if seen is None or seen[0] != lease:
+            if len(self._seen) >= 100_000:  # bounded: forget the oldest sightings (they are seen again)
+                self._seen.clear()
+            self._seen[item] = (lease, now)
+            return False
+        return now - seen[1] >= self.window
+
+    def forget(self, item: str) -> None:
+        """``item`` was claimed or ended: drop its sighting."""
+        self._seen.pop(item, None)
+
+
+async def keep(renew: Callable[[], Awaitable[bool]], length: float, *, name: str) -> None:
+    """Renew a lease every third of ``length`` until it is lost; return when it is.
+
+    ``renew()`` is the holder's fenced renewal: False when the lease is no longer held. A renewal
+    that fails because the store cannot be reached is retried every :func:`retry_interval`
+    seconds (the lease may outlive the outage: nobody can claim while the store is down).
+    """
+    interval = length / 3
+    delay = interval
+    while True:
+        await asyncio.sleep(delay)
+        try:
+            held = await renew()
+        except (KVStoreError, OSError, TimeoutError) as exc:
+            logger.warning("lease: renewing %s failed (%s); retrying", name, exc)
+            delay = retry_interval(length)
+            continue
+        if not held:
+            return
+        delay = interval
