@@ -162,6 +162,22 @@ async def test_store_calls_nest_under_the_fastmcp_tool_span(telemetry: Telemetry
     assert "remember" in parent.name
 
 
+async def test_a_store_in_use_is_traced_once_told_and_plain_again_once_told(request: pytest.FixtureRequest) -> None:
+    """``trace_calls()``, as the bench's with-SDK rows use it (kvstores.bench._otel): a store that
+    decided without an SDK is traced from the call after it, and runs its plain methods after ``on=False``."""
+    async with open_store("memory://") as store:
+        await store.put("k", {"v": 1})  # decided now: no SDK, the plain methods
+        recorded: Telemetry = request.getfixturevalue("telemetry")  # the SDK comes while the store is in use
+        await store.get("k")
+        assert recorded.finished() == []
+        store.trace_calls()
+        await store.get("k")
+        assert [span.name for span in recorded.finished()] == ["get default"]
+        store.trace_calls(on=False)
+        await store.get("k")
+        assert len(recorded.finished()) == 1
+
+
 def test_no_spans_and_no_sdk_work_without_a_provider() -> None:
     """Without an SDK nothing is recorded: the check is the API's globals, and no instrument is made."""
     script = textwrap.dedent(
