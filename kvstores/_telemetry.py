@@ -17,7 +17,7 @@ Cost: none until the application installs an OpenTelemetry SDK (``trace.set_trac
 decides once, at its first call: with an SDK installed by then, it binds traced versions of
 its methods on itself; without, its calls run the plain methods, with no check per call. So
 install the SDK before a store's first call (at start-up, as usual): a store already in use
-is not traced.
+is not traced, unless told to decide again (``store.trace_calls()``).
 """
 
 from __future__ import annotations
