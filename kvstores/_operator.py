@@ -330,7 +330,7 @@ async def _rekey(options: argparse.Namespace) -> int:
     if not os.environ.get(ENCRYPTION_KEYS_VARIABLE, "").strip():
         raise _Failed(f"${ENCRYPTION_KEYS_VARIABLE} is not set: it names the keys, the first one seals", 2)
     store = await _open(spec, reading=True)
-    if not isinstance(store, BaseStore) or store._sealer is None:
+    if not isinstance(store, BaseStore) or not store.encryption_key_ids:
         await close(store)
         raise _Failed(f"{redact(spec)}: not a kvstores store opened with encryption keys", 2)
     rekey = Rekey(store)
@@ -344,7 +344,7 @@ async def _rekey(options: argparse.Namespace) -> int:
         await close(store)
         for failure in rekey.failures[:_FAILURES_SHOWN]:
             print(f"kvstores rekey: not re-sealed: {redact_text(failure, spec)}", file=sys.stderr)
-        print(rekey.summary(store._sealer.key_id), flush=True)
+        print(rekey.summary(store.encryption_key_ids[0]), flush=True)
     return 1 if rekey.failures else 0
 
 

@@ -1,7 +1,7 @@
 """The engine of ``kvstores rekey``: every entry of a store sealed under its first encryption key.
 
 One collection at a time, it lists the keys and re-seals each entry that is plaintext or sealed
-under another key (:meth:`kvstores.base.BaseStore._reseal`: a compare-and-set that keeps the
+under another key (:meth:`kvstores.base.BaseStore.reseal`: a compare-and-set that keeps the
 TTL and never overwrites a write made meanwhile). It is resumable: what it re-sealed stays so,
 and a second run skips it (an interrupted run is simply run again). An entry that cannot be
 opened (sealed under a key id not given) or is not a value is reported, never fatal.
@@ -43,7 +43,7 @@ class Rekey:
 
     async def _entry(self, collection: str, key: str) -> None:
         try:
-            rewritten = await self.store._reseal(collection, key)
+            rewritten = await self.store.reseal(key, collection=collection)
         except DeserializationError as exc:  # a key id not given, altered, or not a value
             self.failures.append(f"collection {collection!r} key {key!r}: {type(exc).__name__}: {exc}")
             return

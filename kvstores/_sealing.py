@@ -97,7 +97,9 @@ class Sealer:
             raise ValueError("encryption_keys must be a non-empty list of keys (the first encrypts)")
         raws = [_raw_key(text, position) for position, text in enumerate(keys)]
         self._ciphers = {_key_id(raw): AESGCM(raw) for raw in reversed(raws)}  # the first wins an id clash
-        self.key_id = _key_id(raws[0])
+        self.key_ids = tuple(dict.fromkeys(_key_id(raw) for raw in raws))
+        """The ids of the keys, in their order (the first seals): never the keys."""
+        self.key_id = self.key_ids[0]
         """The id of the key that seals."""
         self._sealing = self._ciphers[self.key_id]
         self._refused: tuple[type[Exception], ...] = (InvalidTag, ValueError, binascii.Error)

@@ -17,7 +17,7 @@ Cost: none until the application installs an OpenTelemetry SDK (``trace.set_trac
 decides once, at its first call: with an SDK installed by then, it binds traced versions of
 its methods on itself; without, its calls run the plain methods, with no check per call. So
 install the SDK before a store's first call (at start-up, as usual): a store already in use
-is not traced.
+is not traced, unless told to decide again (``store.trace_calls()``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,18 @@ from contextlib import AbstractContextManager, contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeVar
 
-__all__ = ["SHAPE", "Observer", "active", "metrics", "observed", "record_batch", "span", "trace", "traced"]
+__all__ = [
+    "SHAPE",
+    "Observer",
+    "active",
+    "metrics",
+    "observed",
+    "record_batch",
+    "reset_providers",
+    "span",
+    "trace",
+    "traced",
+]
 
 _MAX_COLLECTION = 256  # characters of a collection name kept in attributes
 # OpenTelemetry's recommended buckets for db.client.operation.duration
@@ -87,6 +98,27 @@ def _get_instruments() -> tuple[Any, Any, Any]:
             ),
         )
     return _instruments
+
+
+def reset_providers() -> None:
+    """Forget the process's OpenTelemetry providers, and the instruments kvstores made from them.
+
+    OpenTelemetry lets a process set its providers once; the benchmark's with- and without-SDK
+    rows (kvstores.bench._otel) install and remove one, so this resets the API's globals as
+    OpenTelemetry's own tests do. Never for an application. Those globals are private names of
+    opentelemetry-api, used here only: tests/test_private_names.py checks them against what is
+    installed, and the ``otel`` extra caps the API's version.
+    """
+    global _instruments
+    from opentelemetry import trace as trace_api
+    from opentelemetry.metrics import _internal as metrics_internal
+    from opentelemetry.util._once import Once
+
+    trace_api._TRACER_PROVIDER = None
+    trace_api._TRACER_PROVIDER_SET_ONCE = Once()
+    metrics_internal._METER_PROVIDER = None
+    metrics_internal._METER_PROVIDER_SET_ONCE = Once()
+    _instruments = None
 
 
 def record_batch(system: str, operation: str, size: int) -> None:
@@ -185,8 +217,10 @@ def observed(shape: str) -> Callable[[Method], Method]:
     return mark
 
 
-def traced(store: Any, method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """``method`` (marked by :func:`observed`) of ``store``, its calls traced by ``store._observer``."""
+def traced(
+    store: Any, method: Callable[..., Awaitable[Any]], observer: Callable[[], Observer]
+) -> Callable[..., Awaitable[Any]]:
+    """``method`` (marked by :func:`observed`) of ``store``, its calls traced by the store's ``observer()``."""
     shape: str = getattr(method, SHAPE)
     operation = method.__name__
 
@@ -199,7 +233,6 @@ def traced(store: Any, method: Callable[..., Awaitable[Any]]) -> Callable[..., A
         if collection is None and shape != "store":
             collection = store.default_collection
         batch = len(args[0]) if shape == "keys" and args and isinstance(args[0], Sized) else None
-        observer: Observer = store._observer
-        return observer.observe(operation, collection, batch, functools.partial(method, store, *args, **kwargs))
+        return observer().observe(operation, collection, batch, functools.partial(method, store, *args, **kwargs))
 
     return traced_call

@@ -369,7 +369,21 @@ class BaseStore(abc.ABC):
         if _telemetry.active():
             self._telemetry_decided = True
             for name in _OBSERVED:
-                setattr(self, name, _telemetry.traced(self, getattr(type(self), name)))
+                setattr(self, name, _telemetry.traced(self, getattr(type(self), name), lambda: self._observer))
+
+    def trace_calls(self, on: bool = True) -> None:
+        """Decide again whether this store's calls are traced (kvstores._telemetry).
+
+        ``on``: traced from now on if an OpenTelemetry SDK is installed, as a store made after it
+        is; otherwise back to the plain methods. A store decides by itself once, when it is made or
+        at its first call; this is for a store already in use when an SDK comes or goes (the
+        benchmark's with- and without-SDK rows, kvstores.bench._otel).
+        """
+        if on:
+            self._trace_if_active()
+        else:
+            for name in _OBSERVED:
+                self.__dict__.pop(name, None)
 
     def _collection(self, collection: str | None) -> str:
         """The validated name of ``collection`` (the default for None); raise if the store is closed."""
@@ -616,12 +630,27 @@ class BaseStore(abc.ABC):
             f"this store has no encryption keys"
         )
 
-    async def _reseal(self, collection: str, key: str) -> bool:
+    @property
+    def encryption_key_ids(self) -> tuple[str, ...]:
+        """The ids of the store's encryption keys, the one that seals first; empty without encryption.
+
+        Ids only (8 characters derived from each key, as sealed values name them), never the keys.
+        """
+        return () if self._sealer is None else self._sealer.key_ids
+
+    async def reseal(self, key: str, *, collection: str | None = None) -> bool:
         """Seal ``key``'s entry under the first encryption key, keeping its TTL; True when rewritten.
 
-        A compare-and-set against the text read: a write that lands meanwhile is never
-        overwritten (the entry is read again). EncryptionKeyError when it cannot be opened.
+        False when the entry is absent, expired or sealed under that key already. A compare-and-set
+        against the text read: a write that lands meanwhile is never overwritten (the entry is read
+        again). EncryptionKeyError when it cannot be opened, ValueError on a store without encryption
+        keys. ``kvstores rekey`` calls it for every entry (kvstores._rekey).
         """
+        name = self._collection(collection)
+        check_key(key)
+        return await self._reseal(name, key)
+
+    async def _reseal(self, collection: str, key: str) -> bool:
         sealer = self._sealer
         if sealer is None:
             raise ValueError("re-sealing needs a store opened with encryption_keys")

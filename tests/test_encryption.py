@@ -211,6 +211,26 @@ async def test_rekey_seals_everything_under_the_first_key_and_loses_no_write(
         await old.aclose()
 
 
+async def test_a_store_names_its_key_ids_and_reseals_an_entry(backend: Backend, namespace: str, sealed: Any) -> None:
+    """``encryption_key_ids`` and ``reseal()``: what ``kvstores rekey`` uses, public on every store."""
+    assert sealed.encryption_key_ids == (Sealer([NEW]).key_id, Sealer([OLD]).key_id)
+    assert not any(key in repr(sealed.encryption_key_ids) for key in (NEW, OLD))
+    await sealed._put("c", "plain", json.dumps(VALUE), 60)  # written before encryption was turned on
+    assert await sealed.reseal("plain", collection="c")
+    assert not await sealed.reseal("plain", collection="c")  # sealed under the first key already
+    assert not await sealed.reseal("absent", collection="c")
+    assert_sealed(await raw_values(sealed), Sealer([NEW]).key_id, SECRET)
+    value, remaining = await sealed.ttl("plain", collection="c")
+    assert value == VALUE and remaining is not None and 50 < remaining <= 60  # its TTL kept
+    plain = await backend.open(namespace)
+    try:
+        assert plain.encryption_key_ids == ()
+        with pytest.raises(ValueError, match="encryption_keys"):
+            await plain.reseal("plain", collection="c")
+    finally:
+        await plain.aclose()
+
+
 def test_keys_are_checked_and_never_echoed() -> None:
     key = generate_key()
     for wrong in (["too-short"], [key[:-4]], [], key):

@@ -259,7 +259,7 @@ class SQLServerStore(BaseStore):
             )
         return ".".join(f"{cls._quote}{part}{cls._quote}" for part in parts)
 
-    def _tables(self) -> list[str]:
+    def tables(self) -> list[str]:
         """The quoted tables this store creates (``destroy()`` empties them, never drops them)."""
         return [self.table]
 

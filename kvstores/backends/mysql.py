@@ -346,10 +346,11 @@ class MySQLStore(SQLServerStore):
 
         return MySQLTransport(self, sink)
 
-    def _tables(self) -> list[str]:
+    def tables(self) -> list[str]:
+        """The quoted tables this store creates: its own and the one its signals poll."""
         from kvstores.signals._mysql import signal_table
 
-        return [*super()._tables(), signal_table(self.table)]  # its signals poll a table of their own
+        return [*super().tables(), signal_table(self.table)]  # its signals poll a table of their own
 
     def _padded(self, items: list[T]) -> list[T]:
         """``items`` padded with copies of its last one to a statement shape that is prepared already."""

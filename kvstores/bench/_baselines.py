@@ -62,6 +62,7 @@ __all__ = [
     "aiosqlite_beside",
     "libpq_url",
     "py_key_value",
+    "redis_driver_url",
 ]
 
 _RAW_NAME = "kvbench_raw"  # table, key prefix or MongoDB collection of the raw baselines
@@ -77,6 +78,9 @@ Update = Callable[[Value | None], Mapping[str, Any] | None]
 
 def _expires(ttl: float | None, clock: float) -> float | None:
     return None if ttl is None else clock + ttl
+
+
+_REDIS_STORE_OPTIONS = frozenset({"prefix", "timeout", "max_connections", "default_collection"})
 
 
 def _keep_query(url: str, keep: Callable[[str], bool]) -> str:
@@ -351,14 +355,10 @@ return 1
 class RedisAsyncStore:
     """Raw redis.asyncio: one command (or one pipeline) per call on a blocking connection pool."""
 
-    _STORE_OPTIONS = frozenset({"prefix", "timeout", "max_connections", "default_collection"})
-
     def __init__(self, url: str) -> None:
         from redis.asyncio import BlockingConnectionPool, Redis
 
-        pool = BlockingConnectionPool.from_url(
-            _keep_query(url, lambda name: name not in self._STORE_OPTIONS), max_connections=_REDIS_POOL_SIZE
-        )
+        pool = BlockingConnectionPool.from_url(redis_driver_url(url), max_connections=_REDIS_POOL_SIZE)
         self._client: Any = Redis(connection_pool=pool)
         self._cas: Any = self._client.register_script(_REDIS_CAS)
 
@@ -903,6 +903,11 @@ def py_key_value(class_path: str, **options: Any) -> Any:
     except ImportError:
         return None
     return getattr(module, class_name)(**options)
+
+
+def redis_driver_url(url: str) -> str:
+    """A kvstores Redis ``url`` without the query options only kvstores' RedisStore reads (redis.asyncio's)."""
+    return _keep_query(url, lambda name: name not in _REDIS_STORE_OPTIONS)
 
 
 def libpq_url(url: str) -> str:

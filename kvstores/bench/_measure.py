@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from time import perf_counter, process_time
 from typing import Any
 
-__all__ = ["OBJECTS", "STRING", "RowSkipped", "Scenario", "Settings", "Stats", "measure"]
+__all__ = ["OBJECTS", "STRING", "RowSkipped", "Scenario", "Settings", "Stats", "calibrate", "measure", "run_batch"]
 
 _REFILL_LIMIT = 4  # a refill may take this many times max_batch_seconds
 
@@ -104,11 +104,13 @@ async def _worker(op: Op, subject: Any, indices: range, latencies: list[float]) 
         latencies.append(clock() - start)
 
 
-async def _batch(scenario: Scenario, subject: Any, calls: int, settings: Settings) -> tuple[float, float, list[float]]:
+async def run_batch(
+    scenario: Scenario, subject: Any, calls: int, settings: Settings
+) -> tuple[float, float, list[float]]:
     """Run ``calls`` calls over the scenario's concurrent tasks; return (elapsed, CPU seconds, latencies)."""
     if isinstance(subject, Within):
         with subject.context():
-            return await _batch(scenario, subject.subject, calls, settings)
+            return await run_batch(scenario, subject.subject, calls, settings)
     tasks = scenario.concurrency
     per_task = -(-calls // tasks)
     if scenario.refill is not None:
@@ -136,12 +138,12 @@ async def _batch(scenario: Scenario, subject: Any, calls: int, settings: Setting
     return perf_counter() - start, process_time() - start_cpu, latencies
 
 
-async def _calibrate(scenario: Scenario, subject: Any, settings: Settings) -> int:
+async def calibrate(scenario: Scenario, subject: Any, settings: Settings) -> int:
     """The number of calls one round of ``subject`` needs to last about ``slice_seconds``."""
     calls = scenario.concurrency
     slice_seconds = settings.slice_seconds
     while True:
-        elapsed, _, _ = await _batch(scenario, subject, calls, settings)
+        elapsed, _, _ = await run_batch(scenario, subject, calls, settings)
         if elapsed > settings.max_batch_seconds:
             raise RowSkipped(f"{calls} calls took {elapsed:.1f} s (limit {settings.max_batch_seconds:g} s)")
         if elapsed >= slice_seconds / 4 or calls >= scenario.max_calls:
@@ -162,7 +164,7 @@ async def measure(
 
     Raises RowSkipped when one call per task already takes longer than ``max_batch_seconds``.
     """
-    calls = {name: await _calibrate(scenario, subject, settings) for name, subject in subjects.items()}
+    calls = {name: await calibrate(scenario, subject, settings) for name, subject in subjects.items()}
     rates: dict[str, list[float]] = {name: [] for name in subjects}
     cpu: dict[str, list[float]] = {name: [] for name in subjects}
     latencies: dict[str, list[float]] = {name: [] for name in subjects}
@@ -170,7 +172,7 @@ async def measure(
     for round_ in range(settings.rounds + 1):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
-            elapsed, cpu_seconds, samples = await _batch(scenario, subjects[name], calls[name], settings)
+            elapsed, cpu_seconds, samples = await run_batch(scenario, subjects[name], calls[name], settings)
             if round_:
                 rates[name].append(len(samples) / elapsed)
                 cpu[name].append(cpu_seconds / len(samples))

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from kvstores import _telemetry
-from kvstores.base import _OBSERVED
 from kvstores.bench._measure import Within
 
 __all__ = ["NO_API", "WITH_SDK", "otel_contenders"]
@@ -40,35 +39,25 @@ def _without_api() -> Iterator[None]:
 @contextmanager
 def _with_sdk(store: Any) -> Iterator[None]:
     from opentelemetry import metrics, trace
-    from opentelemetry.metrics import _internal as metrics_internal
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
-    from opentelemetry.util._once import Once
 
     class _Drop(SpanExporter):
         def export(self, spans: Any) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
-    def reset() -> None:  # OpenTelemetry sets providers once per process; its own tests reset them so
-        trace._TRACER_PROVIDER = None
-        trace._TRACER_PROVIDER_SET_ONCE = Once()
-        metrics_internal._METER_PROVIDER = None
-        metrics_internal._METER_PROVIDER_SET_ONCE = Once()
-        _telemetry._instruments = None
-
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(_Drop()))
-    reset()
+    _telemetry.reset_providers()  # OpenTelemetry sets providers once per process
     trace.set_tracer_provider(provider)
     metrics.set_meter_provider(MeterProvider())
-    store._trace_if_active()  # as a store made (or first used) once the SDK is installed
+    store.trace_calls()  # as a store made (or first used) once the SDK is installed
     try:
         yield
     finally:
-        for name in _OBSERVED:  # back to the plain methods
-            store.__dict__.pop(name, None)
-        reset()
+        store.trace_calls(on=False)  # back to the plain methods
+        _telemetry.reset_providers()
 
 
 def otel_contenders(store: Any) -> dict[str, Any]:

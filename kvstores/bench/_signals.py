@@ -52,7 +52,7 @@ from typing import Any
 
 from kvstores._urls import redact_text
 from kvstores.bench._backends import bench_backend, family
-from kvstores.bench._baselines import RedisAsyncStore, _keep_query, libpq_url
+from kvstores.bench._baselines import libpq_url, redis_driver_url
 from kvstores.registry import open_store
 
 __all__ = [
@@ -281,8 +281,7 @@ async def _persist_store(url: str, prefix: str, pool_size: int) -> _Persist:
         import redis.asyncio
         from mcp_persist.redis import RedisEventStore
 
-        plain = _keep_query(url, lambda name: name not in RedisAsyncStore._STORE_OPTIONS)
-        client = redis.asyncio.from_url(plain, max_connections=pool_size)
+        client = redis.asyncio.from_url(redis_driver_url(url), max_connections=pool_size)
         store = RedisEventStore(client, key_prefix=f"kvbench-persist:{prefix}:", ttl=600, enable_streaming=True)
         return _Persist(store, client, redis=True)
     import asyncpg

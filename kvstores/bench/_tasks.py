@@ -54,7 +54,7 @@ from kvstores._loopback import bound_socket
 from kvstores._urls import redact_text
 from kvstores.bench._backends import family
 from kvstores.bench._e2e import stop_server
-from kvstores.bench._measure import RowSkipped, Scenario, Settings, _batch, _calibrate
+from kvstores.bench._measure import RowSkipped, Scenario, Settings, calibrate, run_batch
 from kvstores.bench._tasks_server import OPTIONS_VARIABLE, URL_VARIABLE
 
 if TYPE_CHECKING:
@@ -251,11 +251,11 @@ def docket_python(given: str | None, venv: Path = DOCKET_VENV) -> tuple[str | No
 
 def _docket_url(url: str) -> str | None:
     """The URL Docket is given for the redis target ``url`` (None: Docket runs on plain ``redis://`` only)."""
-    from kvstores.bench._baselines import RedisAsyncStore, _keep_query
+    from kvstores.bench._baselines import redis_driver_url
 
     if url.partition("://")[0].lower() not in ("redis", "rediss"):
         return None
-    return _keep_query(url, lambda name: name not in RedisAsyncStore._STORE_OPTIONS)
+    return redis_driver_url(url)
 
 
 async def _drop_docket(url: str, name: str) -> None:
@@ -283,7 +283,7 @@ async def _drop_ours(url: str, options: dict[str, Any]) -> None:
             for collection in (RECORDS, QUEUE):
                 await store.destroy_collection(collection)
         elif isinstance(store, SQLServerStore):
-            await store.fetch(f"DROP TABLE IF EXISTS {', '.join(store._tables())}")
+            await store.fetch(f"DROP TABLE IF EXISTS {', '.join(store.tables())}")
         else:
             await store.destroy()
     finally:
@@ -301,7 +301,7 @@ async def _measure_row(scenario: Scenario, subjects: dict[str, _Contender], sett
     """The engine's interleaved rounds (:func:`kvstores.bench._measure.measure`), keeping pickups too."""
     import statistics
 
-    calls = {name: await _calibrate(scenario, subject, settings) for name, subject in subjects.items()}
+    calls = {name: await calibrate(scenario, subject, settings) for name, subject in subjects.items()}
     rates: dict[str, list[float]] = {name: [] for name in subjects}
     cpu: dict[str, list[float]] = {name: [] for name in subjects}
     latencies: dict[str, list[float]] = {name: [] for name in subjects}
@@ -313,7 +313,7 @@ async def _measure_row(scenario: Scenario, subjects: dict[str, _Contender], sett
         for name in names[shift:] + names[:shift]:
             subjects[name].pickups = []
             before = subjects[name].server.cpu_seconds()
-            elapsed, cpu_seconds, samples = await _batch(scenario, subjects[name], calls[name], settings)
+            elapsed, cpu_seconds, samples = await run_batch(scenario, subjects[name], calls[name], settings)
             after = subjects[name].server.cpu_seconds()
             if round_ and before is not None and after is not None:
                 server_cpu[name].append((after - before) / len(samples))
