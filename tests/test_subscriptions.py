@@ -18,7 +18,7 @@ from tests.support import Backend, marker
 from tests.support.events import serving
 from tests.support.fixtures import private_server, skip_or_fail
 
-pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("close_signal_channels")]
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_signal_task_left")]
 
 REPLICAS = 3
 
