@@ -78,7 +78,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, Final
 
-from kvstores._signal_host import Sink, Transport
+from kvstores._signal_host import SignalHost, Sink, Transport
 from kvstores.base import BaseStore
 from kvstores.errors import StoreClosedError
 from kvstores.loop import release_with_loop
@@ -93,6 +93,7 @@ __all__ = [
     "Gap",
     "NumberedPoll",
     "SignalChannel",
+    "SignalHost",
     "Sink",
     "Subscription",
     "Transport",
