@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import functools
 import os
 import random
@@ -49,6 +48,7 @@ from kvstores._codec import (
     encode_value,
 )
 from kvstores._sealing import Sealer, is_sealed, sealed_key_id
+from kvstores._signal_host import translated
 from kvstores._telemetry import observed
 from kvstores._urls import check_user_info, flag, split_url_options
 from kvstores.errors import (
@@ -63,7 +63,7 @@ from kvstores.loop import release_with_loop
 from kvstores.protocol import UNCHANGED, Unchanged
 
 if TYPE_CHECKING:
-    from kvstores.signals import SignalChannel, Sink, Transport
+    from kvstores._signal_host import OwnedChannel, Sink, Transport
 
 __all__ = [
     "BATCHING_VARIABLE",
@@ -169,21 +169,6 @@ def _translating(primitive: Callable[..., Any]) -> Callable[..., Any]:
     return translated
 
 
-@contextlib.contextmanager
-def translated(translate: Callable[[Exception], KVStoreError | None]) -> Iterator[None]:
-    """Translate the exceptions raised in the block with a backend's ``translate``, as its
-    primitives' are: for code that talks to the backend beside them (the signal transports)."""
-    try:
-        yield
-    except KVStoreError:
-        raise
-    except Exception as exc:
-        error = translate(exc)
-        if error is None:
-            raise
-        raise error from exc
-
-
 def _check_limit(limit: int | None) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
@@ -199,7 +184,7 @@ class BaseStore(abc.ABC):
     _closed = False
     _telemetry_decided = False
     _loop_guard: AsyncGenerator[None, None] | None = None
-    _signal_channel: SignalChannel | None = None  # set by kvstores.signals.channel(); aclose() closes it
+    _signal_channel: OwnedChannel | None = None  # made by kvstores.signals.channel(); the store's aclose() closes it
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Wrap the backend's primitives in its error translation, once, as the class is made."""
@@ -730,12 +715,13 @@ class BaseStore(abc.ABC):
         """
         return None
 
-    def _signal_transport(self, sink: Sink) -> Transport | None:
+    def _signal_transport(self, sink: Sink) -> Transport[Any] | None:
         """The transport of this store's signal channel (:mod:`kvstores.signals`), made for ``sink``.
 
         None (the default): the backend has none, and a channel on it raises TypeError. A
-        backend returns its :class:`kvstores.signals.Transport` (importing it here, so that a
-        store that never signals never imports it), handing it what it needs as arguments.
+        backend returns its :class:`kvstores.signals.Transport` (importing its module here, so
+        that a store that never signals never imports it), handing it what it needs as
+        arguments; the transport imports no backend (:mod:`kvstores._signal_host`).
         """
         return None
 

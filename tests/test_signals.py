@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ from kvstores.signals import GAP
 from tests.support import Backend, marker
 from tests.support.fixtures import private_server, skip_or_fail
 
-pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("close_signal_channels")]
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_signal_task_left")]
 
 MESSAGES = 50
 
@@ -190,21 +193,74 @@ async def test_messages_are_checked(backend: Backend, store: Any) -> None:
 
 async def test_close_releases_everything(backend: Backend, namespace: str) -> None:
     store = await backend.open(namespace)
-    channel = _channel(backend, store)
-    subscription = await channel.subscribe("bye")
-    await channel.publish("bye", "one")
-    assert await _take(subscription, 1) == ["one"]
-    await channel.aclose()
-    assert not channel._tasks
-    assert [item async for item in subscription] == []  # the iteration ends
-    with pytest.raises(StoreClosedError):
-        await channel.publish("bye", "two")
-    # a store's channel is closed, its tasks ended, by the time the store's aclose() returns
-    again = signals.channel(store)
-    assert again is not channel
-    await again.subscribe("bye")
-    await store.aclose()
+    try:
+        channel = _channel(backend, store)
+        subscription = await channel.subscribe("bye")
+        await channel.publish("bye", "one")
+        assert await _take(subscription, 1) == ["one"]
+        await channel.aclose()
+        assert not channel._tasks
+        assert [item async for item in subscription] == []  # the iteration ends
+        with pytest.raises(StoreClosedError):
+            await channel.publish("bye", "two")
+        # a store's channel is closed, its tasks ended, by the time the store's aclose() returns
+        again = signals.channel(store)
+        assert again is not channel
+        assert signals.channel(store) is again  # the store's own, until it closes
+        ending = await again.subscribe("bye")
+    finally:
+        await store.aclose()
     assert again._closed and not again._tasks
+    assert [item async for item in ending] == []
+    assert signals.channel(store) is not again and signals.channel(store).closed  # a closed store owns none
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_store_collected_unclosed_closes_its_channel(kind: str, tmp_path: Path) -> None:
+    """The channel holds its store weakly; once the store is collected, its channel closes on its loop:
+    subscriptions end, the transport's tasks and connection are gone (no watchdog, no registry)."""
+    from kvstores import open_store
+
+    store = open_store("memory://" if kind == "memory" else f"sqlite:///{tmp_path / 'gone.db'}")
+    channel = signals.channel(store)
+    subscription = await channel.subscribe("gone")
+    await channel.publish("gone", "before")
+    assert await _take(subscription, 1) == ["before"]
+    del store
+    gc.collect()
+    async with asyncio.timeout(10):
+        assert [item async for item in subscription] == []  # the iteration ends
+        while channel._tasks:  # the close runs as a task of the channel: wait for it to end
+            await asyncio.gather(*channel._tasks, return_exceptions=True)
+    assert channel.closed
+    if kind == "sqlite":
+        assert channel.transport._db is None  # type: ignore[attr-defined]  # its connection is closed
+
+
+async def test_transports_and_their_backends_do_not_import_each_other() -> None:
+    """A transport asks its store through kvstores._signal_host only; a backend imports its transport
+    only when a channel is made: importing either never loads the other (nor base, signals)."""
+    backends = ["redis", "postgresql", "mysql", "mongodb", "sqlite"]
+    script = "\n".join(
+        [
+            "import sys",
+            *(f"import kvstores.signals._{name}" for name in backends),
+            f"loaded = [name for name in {backends!r} if 'kvstores.backends.' + name in sys.modules]",
+            "assert not loaded, loaded",
+        ]
+    )
+    ran = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", script], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    script = "\n".join(
+        [
+            "import sys",
+            *(f"import kvstores.backends.{name}" for name in backends),
+            "loaded = [name for name in sys.modules if name.startswith('kvstores.signals')]",
+            "assert not loaded, loaded",
+        ]
+    )
+    ran = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", script], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
 
 
 async def test_a_store_closed_while_its_channel_connects_leaves_nothing_running(

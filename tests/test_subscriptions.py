@@ -18,7 +18,7 @@ from tests.support import Backend, marker
 from tests.support.events import serving
 from tests.support.fixtures import private_server, skip_or_fail
 
-pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("close_signal_channels")]
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_signal_task_left")]
 
 REPLICAS = 3
 
@@ -61,6 +61,15 @@ async def test_every_client_of_every_replica_gets_what_its_filter_asks(
     except TypeError as exc:
         skip_or_fail(marker(backend.name), str(exc))
     stores = [store] + [await backend.open(namespace) if backend.persistent else store for _ in range(REPLICAS - 1)]
+    try:
+        await _every_client_gets_what_its_filter_asks(stores)
+    finally:
+        for each in stores[1:]:
+            if each is not store:
+                await each.aclose()
+
+
+async def _every_client_gets_what_its_filter_asks(stores: list[Any]) -> None:
     async with contextlib.AsyncExitStack() as stack:
         buses = [await stack.enter_async_context(StoreSubscriptionBus(each)) for each in stores]
         urls = [
@@ -97,9 +106,6 @@ async def test_every_client_of_every_replica_gets_what_its_filter_asks(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    for each in stores[1:]:
-        if each is not store:
-            await each.aclose()
 
 
 async def _bus_recovers(stores: list[Any], stop: Any, start: Any) -> None:

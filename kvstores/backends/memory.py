@@ -36,7 +36,7 @@ from kvstores._codec import decode_native, encode_native
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Stored
 
 if TYPE_CHECKING:
-    from kvstores.signals import Sink, Transport
+    from kvstores._signal_host import Sink, Transport
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "MemoryStore"]
 
@@ -101,7 +101,7 @@ class MemoryStore(BaseStore):
         """Always true, even when empty: ``store or default`` (as FastMCP writes) must keep the store."""
         return True
 
-    def _signal_transport(self, sink: Sink) -> Transport:
+    def _signal_transport(self, sink: Sink) -> Transport[Any]:
         from kvstores.signals._memory import MemoryTransport  # only a store that signals loads it
 
         return MemoryTransport(self, sink)

@@ -78,7 +78,7 @@ from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import DeserializationError, KVStoreError, StoreConnectionError
 
 if TYPE_CHECKING:
-    from kvstores.signals import Sink, Transport
+    from kvstores._signal_host import Sink, Transport
 
 try:
     from bson import DatetimeMS
@@ -288,7 +288,7 @@ class MongoDBStore(BaseStore):
     def _holds_connection(self) -> bool:
         return self._owns_client and self._indexed
 
-    def _signal_transport(self, sink: Sink) -> Transport:
+    def _signal_transport(self, sink: Sink) -> Transport[Any]:
         from kvstores.signals._mongodb import MongoDBTransport  # only a store that signals loads it
 
         return MongoDBTransport(self, sink, self._entries)

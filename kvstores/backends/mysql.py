@@ -63,7 +63,7 @@ from kvstores.errors import ConflictError, StoreConnectionError
 from kvstores.loop import deadline
 
 if TYPE_CHECKING:
-    from kvstores.signals import Sink, Transport
+    from kvstores._signal_host import Sink, Transport
 
 try:
     import asyncmy
@@ -341,7 +341,7 @@ class MySQLStore(SQLServerStore):
     def _server_address(self) -> tuple[str, int] | None:
         return (self._connect_options["host"], self._connect_options["port"])
 
-    def _signal_transport(self, sink: Sink) -> Transport:
+    def _signal_transport(self, sink: Sink) -> Transport[Any]:
         from kvstores.signals._mysql import MySQLTransport  # only a store that signals loads it
 
         return MySQLTransport(self, sink)

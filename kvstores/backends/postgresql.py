@@ -58,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise missing_extra("asyncpg", "postgresql") from exc
 
 if TYPE_CHECKING:
-    from kvstores.signals import Sink, Transport
+    from kvstores._signal_host import Sink, Transport
 
 __all__ = ["DEFAULT_TABLE", "SCHEMA_VERSION", "PostgreSQLStore"]
 
@@ -264,7 +264,7 @@ class PostgreSQLStore(SQLServerStore):
         options = {name: value for name, value in self._pool_options.items() if name not in _LISTEN_ONLY}
         return await asyncpg.connect(self._url, **options), None
 
-    def _signal_transport(self, sink: Sink) -> Transport:
+    def _signal_transport(self, sink: Sink) -> Transport[Any]:
         from kvstores.signals._postgresql import PostgreSQLTransport  # only a store that signals loads it
 
         return PostgreSQLTransport(self, sink, timeout=self._timeout)

@@ -66,6 +66,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
@@ -79,11 +81,12 @@ from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import KVStoreError, StoreClosedError, StoreConnectionError
 
 if TYPE_CHECKING:
-    from kvstores.signals import Sink, Transport
+    from kvstores._signal_host import Sink, Transport
 
 try:
     from redis import exceptions as redis_errors
     from redis.asyncio import ConnectionPool, Redis, RedisCluster
+    from redis.asyncio.cluster import ClusterNode
     from redis.asyncio.retry import Retry
     from redis.asyncio.sentinel import Sentinel
     from redis.backoff import ExponentialBackoff, NoBackoff
@@ -162,6 +165,10 @@ async def close_client(client: Redis | RedisCluster) -> None:
     if isinstance(client, RedisCluster):
         await client.nodes_manager.aclose()
         await client.nodes_manager.aclose("startup_nodes")
+
+
+async def _keep() -> None:
+    """Let go of a client the store shares with its signal transport: the store closes it."""
 
 
 def _never(error: Exception) -> bool:
@@ -420,10 +427,31 @@ class RedisStore(BaseStore):
     def _holds_connection(self) -> bool:
         return self._owns_client and self._gate.used
 
-    def _signal_transport(self, sink: Sink) -> Transport:
+    def _signal_transport(self, sink: Sink) -> Transport[Any]:
         from kvstores.signals._redis import RedisTransport  # only a store that signals loads it
 
         return RedisTransport(self, sink, client=self.client, gate=self._gate, prefix=self.prefix)
+
+    def listener(self) -> tuple[Redis | RedisCluster, Callable[[], Awaitable[None]]]:
+        """A client of the store's server(s) for its signal transport's pub/sub connection, and what lets it go.
+
+        A client with a pool of its own, so that closing the store never pulls the connection from
+        under the reader (letting it go closes it); a Sentinel-managed client (its pool follows
+        failovers) is the store's own, and letting it go does nothing.
+        """
+        client = self.client
+        if isinstance(client, RedisCluster):
+            nodes = [ClusterNode(node.host, node.port) for node in client.startup_nodes]
+            accepted = inspect.signature(RedisCluster).parameters
+            options = {name: value for name, value in client.connection_kwargs.items() if name in accepted}
+            cluster = RedisCluster(startup_nodes=nodes, **options)
+            return cluster, functools.partial(close_client, cluster)
+        pool = client.connection_pool
+        if type(pool) is ConnectionPool:
+            own_pool = ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
+            own = Redis(connection_pool=own_pool)
+            return own, functools.partial(close_client, own)
+        return client, _keep
 
     def _translate(self, exc: Exception) -> KVStoreError | None:
         return _translated_error(exc)

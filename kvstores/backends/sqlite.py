@@ -42,7 +42,7 @@ from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import KVStoreError, StoreConnectionError
 
 if TYPE_CHECKING:
-    from kvstores.signals import Sink, Transport
+    from kvstores._signal_host import Sink, Transport
 
 try:
     import aiosqlite
@@ -298,7 +298,7 @@ class SQLiteStore(BaseStore):
     def _holds_connection(self) -> bool:
         return self._db is not None
 
-    def _signal_transport(self, sink: Sink) -> Transport:
+    def _signal_transport(self, sink: Sink) -> Transport[Any]:
         from kvstores.signals._sqlite import transport  # only a store that signals loads it
 
         return transport(self, sink, self.path, self._timeout)

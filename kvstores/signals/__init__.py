@@ -44,13 +44,33 @@ Transports, one per store object whatever the number of subscribers (kvstores.si
 
 Subscriber callbacks never raise into the channel (they are logged), buffers are bounded (a slow
 iterator gets a GAP, never unbounded memory), and no transport holds a database lock while it
-waits. The channel closes itself (within a second) once its store is closed or collected;
-``aclose()`` closes it at once and ends every subscription.
+waits.
+
+Ownership: the store owns its channel. ``channel(store)`` makes it on first use and hands it to
+the store (``BaseStore._signal_channel``); the store's ``aclose()`` closes it, its subscriptions
+ending and its transport's tasks and connections gone by the time ``aclose()`` returns. Nothing
+else holds a channel: no registry, no watchdog. The channel and its transport hold the store
+weakly (it never keeps its store alive; objects built on a store hold the store, DESIGN §9), so
+a store nobody closed can be collected, or outlive its event loop:
+
+- collected: a ``weakref.finalize`` on the store, made when the channel is first used, schedules
+  the channel's ``aclose()`` on the channel's loop (from whatever thread the collector ran on);
+  the transport's tasks stop by themselves too, as each of their loops checks that the store is
+  still there and open;
+- its loop ends (``asyncio.run`` returns, uvicorn shuts down): the loop cancels the transport's
+  tasks, which let go of their connections, and finalizes the guard the channel left on it
+  (:func:`kvstores.loop.release_with_loop`), which closes the channel; so a process that never
+  closes its store exits at once and silently. The store, still open, makes a new channel on its
+  next use, on whatever loop then runs.
+
+``aclose()`` on the channel itself closes it at once and ends every subscription; the store then
+makes a new one on the next ``channel(store)``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import weakref
 from collections import deque
@@ -58,10 +78,11 @@ from collections.abc import AsyncGenerator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, Final
 
+from kvstores._signal_host import SignalHost, Sink, Transport
 from kvstores.base import BaseStore
 from kvstores.errors import StoreClosedError
 from kvstores.loop import release_with_loop
-from kvstores.signals._transport import HEARTBEAT, NumberedPoll, Sink, Transport
+from kvstores.signals._transport import HEARTBEAT, NumberedPoll
 
 __all__ = [
     "DEFAULT_BUFFER",
@@ -72,6 +93,7 @@ __all__ = [
     "Gap",
     "NumberedPoll",
     "SignalChannel",
+    "SignalHost",
     "Sink",
     "Subscription",
     "Transport",
@@ -88,8 +110,6 @@ MAX_NAME_BYTES: Final = 1_024
 
 DEFAULT_BUFFER: Final = 1_000
 """Messages an iterator subscription holds before a slow reader gets a GAP instead."""
-
-_WATCH_INTERVAL: Final = 0.5  # how often a channel checks that its store is still open
 
 
 class Gap:
@@ -235,11 +255,13 @@ _Receiver = _Callbacks | Subscription
 class SignalChannel(Sink):
     """Named channels of small text messages shared by every store object on one backend namespace.
 
-    Get the one of a store with :func:`channel`. ``publish``, ``subscribe`` and ``listen`` are the
-    whole API; the transport (one per channel object) is made by the store (``_signal_transport``).
+    Get the one of a store with :func:`channel`: the store owns it and closes it. ``publish``,
+    ``subscribe`` and ``listen`` are the whole API; the transport (one per channel object) is made
+    by the store (``_signal_transport``).
     """
 
     def __init__(self, store: Any) -> None:
+        """The channel of ``store`` (TypeError when its backend has no transport); see :func:`channel`."""
         factory = getattr(type(store), "_signal_transport", None)  # the class's: a forwarding wrapper has none
         transport = None if factory is None else factory(store, self)
         if transport is None:
@@ -248,10 +270,10 @@ class SignalChannel(Sink):
         self._receivers: dict[str, dict[_Receiver, None]] = {}
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._watching = False
         self._closed = False
         self._loop_guard: AsyncGenerator[None, None] | None = None
-        self.transport: Transport = transport
+        self._orphaned: weakref.finalize[Any, Any] | None = None  # closes the channel once the store is collected
+        self.transport: Transport[Any] = transport
 
     @property
     def closed(self) -> bool:
@@ -271,11 +293,18 @@ class SignalChannel(Sink):
         self._check_open()
         _check_name(name)
         _check_message(message)
-        await self._close_with_loop()
+        await self._close_unowned()
         await self.transport.publish(name, message)
 
-    async def _close_with_loop(self) -> None:
-        """On first use: close as the event loop shuts down, if nobody did (the process can then exit)."""
+    async def _close_unowned(self) -> None:
+        """On first use: close as the event loop shuts down, or once the store is collected, if its
+        owner never closed it (the process can then exit at once; see the module's docstring)."""
+        if self._orphaned is None:
+            store = self._store()
+            if store is not None:
+                loop = asyncio.get_running_loop()
+                self._orphaned = weakref.finalize(store, _close_orphan, loop, self)
+                self._orphaned.atexit = False  # at exit the loop's end has closed it, or no loop runs it
         if self._loop_guard is None:
             self._loop_guard = await release_with_loop(self._close_at_loop_end)
 
@@ -308,6 +337,8 @@ class SignalChannel(Sink):
         if self._closed:
             return
         self._closed = True
+        if self._orphaned is not None:
+            self._orphaned.detach()
         guard, self._loop_guard = self._loop_guard, None
         if guard is not None:
             await guard.aclose()  # runs _close_at_loop_end, whose aclose() returns at once
@@ -334,8 +365,7 @@ class SignalChannel(Sink):
 
     async def _add(self, name: str, receiver: _Receiver) -> None:
         self._check_open()
-        self._watch()
-        await self._close_with_loop()
+        await self._close_unowned()
         async with self._lock:
             receivers = self._receivers.setdefault(name, {})
             receivers[receiver] = None
@@ -384,26 +414,36 @@ class SignalChannel(Sink):
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _watch(self) -> None:
-        """Close the channel once the store is closed or collected (a BaseStore's aclose() closes it at once)."""
-        if not self._watching:
-            self._watching = True
-            self._spawn(self._watchdog())
+    def _orphan(self) -> None:
+        """Its store was collected with the channel open: close the channel (on its loop)."""
+        if not self._closed:
+            self._spawn(self._close_orphaned())
 
-    async def _watchdog(self) -> None:
-        while not self.closed:  # noqa: ASYNC110 - the store has no event to wait on
-            await asyncio.sleep(_WATCH_INTERVAL)
-        await self.aclose()
+    async def _close_orphaned(self) -> None:
+        try:
+            await self.aclose()
+        except Exception:
+            logger.exception("closing the signal channel of a collected store failed")
 
 
-_CHANNELS: weakref.WeakKeyDictionary[Any, SignalChannel] = weakref.WeakKeyDictionary()
+def _close_orphan(loop: asyncio.AbstractEventLoop, signals: SignalChannel) -> None:
+    """The finalizer of a store whose channel is open: close the channel on its loop (from any thread)."""
+    with contextlib.suppress(RuntimeError):  # the loop is closed: its end closed the channel
+        loop.call_soon_threadsafe(signals._orphan)
 
 
 def channel(store: Any) -> SignalChannel:
-    """The signal channel of ``store``: one per store object (a new one once the previous was closed)."""
-    signals = _CHANNELS.get(store)
-    if signals is None or (signals._closed and not getattr(store, "closed", False)):
-        signals = _CHANNELS[store] = SignalChannel(store)
-        if isinstance(store, BaseStore):
-            store._signal_channel = signals  # closed by the store's aclose(), not half a second later
-    return signals
+    """The signal channel of ``store``, the store's own: made on first use, closed by the store's ``aclose()``.
+
+    One per store object while it lasts; a new one once it was closed (by itself, or at the end of
+    its event loop) while the store stays open. TypeError for a store whose backend has no transport.
+    """
+    if not isinstance(store, BaseStore):
+        raise TypeError(f"no signal transport for {type(store).__name__}: its backend declares none")
+    own = store._signal_channel
+    if isinstance(own, SignalChannel) and not own._closed:
+        return own
+    made = SignalChannel(store)
+    if not store.closed:  # a closed store's channel is closed at once, and nobody need close it
+        store._signal_channel = made
+    return made

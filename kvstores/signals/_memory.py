@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from kvstores.signals._transport import Transport
+from kvstores._signal_host import SignalHost, Transport
 
 
-class MemoryTransport(Transport):
+class MemoryTransport(Transport[SignalHost]):
     """Delivers each message to this channel's receivers at once, in publish order."""
 
     async def listen(self, name: str) -> None:

@@ -20,9 +20,9 @@ from typing import Any, Final
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from kvstores.base import BaseStore
+from kvstores._signal_host import SignalHost, Sink
 from kvstores.errors import KVStoreError
-from kvstores.signals._transport import NumberedPoll, Sink
+from kvstores.signals._transport import NumberedPoll
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +34,10 @@ _COUNTER: Final = "signals"
 _NUMBER_ATTEMPTS: Final = 5
 
 
-class MongoDBTransport(NumberedPoll):
+class MongoDBTransport(NumberedPoll[SignalHost]):
     """One polling task for every subscriber of one channel object."""
 
-    def __init__(self, store: BaseStore, sink: Sink, entries: Any) -> None:
+    def __init__(self, store: SignalHost, sink: Sink, entries: Any) -> None:
         """``entries``: the store's collection, beside which the signals' live."""
         super().__init__(store, sink)
         self._signals: Any = entries.database.get_collection(f"{entries.name}.signals")

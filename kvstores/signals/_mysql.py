@@ -24,8 +24,8 @@ from typing import Any, Final
 
 from asyncmy import errors as my_errors
 
-from kvstores.backends.mysql import MySQLStore
-from kvstores.signals._transport import NumberedPoll, Sink
+from kvstores._signal_host import Sink, SQLHost
+from kvstores.signals._transport import NumberedPoll
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +41,11 @@ def signal_table(table: str) -> str:
     return f"{table[:-1]}_signals`"
 
 
-class MySQLTransport(NumberedPoll):
+class MySQLTransport(NumberedPoll[SQLHost]):
     """One polling task for every subscriber of one channel object, on the store's pool."""
 
-    def __init__(self, store: MySQLStore, sink: Sink) -> None:
-        """Polls through ``store``'s :meth:`~kvstores.backends.mysql.MySQLStore.fetch`, on its pool."""
+    def __init__(self, store: SQLHost, sink: Sink) -> None:
+        """Polls through ``store``'s :meth:`~kvstores._signal_host.SQLHost.fetch`, on its pool."""
         super().__init__(store, sink)
         table = signal_table(store.table)
         self._create = (
@@ -61,7 +61,6 @@ class MySQLTransport(NumberedPoll):
 
     async def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         store = self.live_store()
-        assert isinstance(store, MySQLStore)
         with self.translated():  # fetch is the store's door for transports, not a primitive
             try:
                 rows = await store.fetch(sql, *args)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import asyncpg
 
-from kvstores.backends.postgresql import PostgreSQLStore
-from kvstores.signals._transport import HEARTBEAT, Backoff, Sink, Transport, digest
+from kvstores._signal_host import Sink, SQLHost, Transport
+from kvstores.signals._transport import HEARTBEAT, Backoff, digest
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +33,19 @@ def _setter(event: asyncio.Event) -> Any:
     return lambda connection: event.set()
 
 
-class PostgreSQLTransport(Transport):
+class PostgreSQLHost(SQLHost, Protocol):
+    """What the PostgreSQL transport may ask of its store besides a statement on its pool."""
+
+    async def listener(self) -> tuple[Any, asyncpg.Pool[Any] | None]:
+        """A connection to LISTEN on, and the pool to release it to (None: close it when done)."""
+        ...
+
+
+class PostgreSQLTransport(Transport[PostgreSQLHost]):
     """One LISTEN connection (and a task watching it) for every subscriber of one channel object."""
 
-    def __init__(self, store: PostgreSQLStore, sink: Sink, *, timeout: float) -> None:
-        """Listens on connections from ``store``'s :meth:`~kvstores.backends.postgresql.PostgreSQLStore.listener`."""
+    def __init__(self, store: PostgreSQLHost, sink: Sink, *, timeout: float) -> None:
+        """Listens on connections from ``store``'s :meth:`PostgreSQLHost.listener`."""
         super().__init__(store, sink)
         self._timeout = timeout
         self._table = store.table
@@ -94,7 +102,6 @@ class PostgreSQLTransport(Transport):
 
     async def publish(self, name: str, message: str) -> None:
         store = self.live_store()
-        assert isinstance(store, PostgreSQLStore)
         with self.translated():  # fetch is the store's door for transports, not a primitive
             if self._schema is None:
                 (row,) = await store.fetch(_SCHEMA)
@@ -153,9 +160,7 @@ class PostgreSQLTransport(Transport):
                 await connection.fetchval("SELECT 1", timeout=3 * HEARTBEAT)
 
     async def _connect(self) -> Any:
-        store = self.live_store()
-        assert isinstance(store, PostgreSQLStore)
-        connection, self._pool = await store.listener()
+        connection, self._pool = await self.live_store().listener()
         return connection
 
     async def _disconnect(self, connection: Any) -> None:

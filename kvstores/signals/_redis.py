@@ -14,17 +14,16 @@ callback) ends with a GAP once every channel is subscribed again.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import secrets
-from typing import Any, Final
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol
 
-from redis.asyncio import ConnectionPool, Redis, RedisCluster
-from redis.asyncio.cluster import ClusterNode
+from redis.asyncio import RedisCluster
 
-from kvstores.backends.redis import close_client
-from kvstores.base import BaseStore
-from kvstores.signals._transport import HEARTBEAT, Backoff, Sink, Transport
+from kvstores._signal_host import SignalHost, Sink, Transport
+from kvstores.errors import StoreClosedError
+from kvstores.signals._transport import HEARTBEAT, Backoff
 
 logger = logging.getLogger(__name__)
 
@@ -35,32 +34,22 @@ _SUBSCRIBED = frozenset({"subscribe", "ssubscribe"})
 _MESSAGES = frozenset({"message", "smessage"})
 
 
-def _listening_client(client: Any) -> tuple[Any, bool]:
-    """A client of the store's server(s) for the pub/sub connection, and whether the transport owns it.
+class RedisHost(SignalHost, Protocol):
+    """What the Redis transport may ask of its store besides: a client to read pub/sub on."""
 
-    The transport's own pool, so that closing the store never pulls its connection from under
-    the reader; a Sentinel-managed client (its pool follows failovers) is shared instead.
-    """
-    if isinstance(client, RedisCluster):
-        nodes = [ClusterNode(node.host, node.port) for node in client.startup_nodes]
-        accepted = inspect.signature(RedisCluster).parameters
-        options = {name: value for name, value in client.connection_kwargs.items() if name in accepted}
-        return RedisCluster(startup_nodes=nodes, **options), True
-    pool = client.connection_pool
-    if type(pool) is ConnectionPool:
-        own = ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
-        return Redis(connection_pool=own), True
-    return client, False
+    def listener(self) -> tuple[Any, Callable[[], Awaitable[None]]]:
+        """A client of the store's server(s) for the pub/sub connection, and what lets it go."""
+        ...
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RedisTransport(Transport):
+class RedisTransport(Transport[RedisHost]):
     """One pub/sub connection (a task reading it) for every subscriber of one channel object."""
 
-    def __init__(self, store: BaseStore, sink: Sink, *, client: Any, gate: Any, prefix: str) -> None:
+    def __init__(self, store: RedisHost, sink: Sink, *, client: Any, gate: Any, prefix: str) -> None:
         """``gate``: the store's bound on connections in use, which publishes share."""
         super().__init__(store, sink)
         self._client = client
@@ -131,7 +120,10 @@ class RedisTransport(Transport):
     async def _run(self) -> None:
         backoff = Backoff()
         while self.store_open:
-            listener, owned = _listening_client(self._client)
+            try:
+                listener, release = self.live_store().listener()
+            except StoreClosedError:
+                return
             pubsub = listener.pubsub()
             try:
                 if self._sharded:
@@ -153,8 +145,7 @@ class RedisTransport(Transport):
                     try:
                         await pubsub.aclose()
                     finally:  # even when that close failed or was cancelled: the own client holds sockets too
-                        if owned:
-                            await close_client(listener)
+                        await release()
                 except Exception as exc:
                     logger.debug("Redis signals: closing the pub/sub connection: %s", exc)
             await backoff.wait()

@@ -25,9 +25,9 @@ from typing import Final
 
 import aiosqlite
 
-from kvstores.base import BaseStore
+from kvstores._signal_host import SignalHost, Sink, Transport
 from kvstores.signals._memory import MemoryTransport
-from kvstores.signals._transport import NumberedPoll, Sink, Transport
+from kvstores.signals._transport import NumberedPoll
 
 RETENTION: Final = 60.0
 """Seconds a published row is kept."""
@@ -46,19 +46,19 @@ _LAST = "SELECT seq FROM sqlite_sequence WHERE name = 'kvstores_signals'"
 _SINCE = "SELECT id, channel, message FROM kvstores_signals WHERE id > ? ORDER BY id LIMIT ?"
 
 
-def transport(store: BaseStore, sink: Sink, path: str, timeout: float) -> Transport:
+def transport(store: SignalHost, sink: Sink, path: str, timeout: float) -> Transport[SignalHost]:
     """The transport of a SQLiteStore on ``path``: the file's table, or in process for ``:memory:``."""
     if path == ":memory:":
         return MemoryTransport(store, sink)
     return SQLiteTransport(store, sink, path, timeout)
 
 
-class SQLiteTransport(NumberedPoll):
+class SQLiteTransport(NumberedPoll[SignalHost]):
     """One connection and one polling task for every subscriber of one channel object."""
 
     intervals = (0.01, 0.04)
 
-    def __init__(self, store: BaseStore, sink: Sink, path: str, timeout: float) -> None:
+    def __init__(self, store: SignalHost, sink: Sink, path: str, timeout: float) -> None:
         """Signals in the SQLite file at ``path``, waiting up to ``timeout`` seconds for its lock."""
         super().__init__(store, sink)
         self._path = path

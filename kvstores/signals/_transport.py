@@ -1,21 +1,21 @@
-"""The contract between a SignalChannel and its backend's transport."""
+"""What transports share: their constants, channel-name digests, backoff, and the numbered poll.
+
+The contract itself (:class:`Sink`, :class:`Transport`, what a transport may ask of its store)
+is :mod:`kvstores._signal_host`'s, which imports no store: a transport imports it and this
+module, never its backend's.
+"""
 
 from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import hashlib
 import logging
-import weakref
-from collections.abc import Coroutine, Iterator
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
 
-from kvstores.base import translated
-from kvstores.errors import StoreClosedError
+from kvstores._signal_host import HostT, SignalHost, Sink, Transport
 
-if TYPE_CHECKING:
-    from kvstores.base import BaseStore
+__all__ = ["BACKOFF", "HEARTBEAT", "HOLE_WAIT", "Backoff", "NumberedPoll", "SignalHost", "Sink", "Transport", "digest"]
 
 HEARTBEAT: Final = 1.0
 """Seconds between a connected transport's liveness checks; a link silent for 3 of them is redone."""
@@ -27,77 +27,6 @@ HOLE_WAIT: Final = 1.0
 """Seconds a :class:`NumberedPoll` waits for a missing number before it reports a GAP."""
 
 logger = logging.getLogger("kvstores.signals")
-
-
-class Sink(abc.ABC):
-    """What a transport calls: the channel object that owns it."""
-
-    @abc.abstractmethod
-    def deliver(self, name: str, message: str) -> None:
-        """A message arrived on ``name``."""
-
-    @abc.abstractmethod
-    def gap(self) -> None:
-        """Messages may have been lost, on any name."""
-
-    @abc.abstractmethod
-    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        """Run a background task that the channel cancels when it closes."""
-
-
-class Transport(abc.ABC):
-    """Moves messages between processes for one channel object.
-
-    A backend makes its transport in :meth:`kvstores.base.BaseStore._signal_transport`, handing it
-    what it needs (a client, a path, a timeout) as arguments: the transport never reads the
-    store's private attributes. It holds the store weakly (a channel never keeps its store
-    alive), reaches it through :meth:`live_store` and translates the driver's errors with
-    :meth:`translated`, the store's own ``_translate``.
-
-    ``listen(name)`` returns once a message published on ``name`` afterwards will be delivered,
-    or, when the backend is down, after arranging a ``sink.gap()`` for when it is back.
-    Transports deliver from one task (or synchronously, in process) and never raise into it.
-    """
-
-    def __init__(self, store: BaseStore, sink: Sink) -> None:
-        """A transport for ``store``'s channel ``sink``."""
-        self.sink = sink
-        self._store = weakref.ref(store)
-
-    @property
-    def store_open(self) -> bool:
-        """False once the store is closed or collected: a transport then stops reconnecting."""
-        store = self._store()
-        return store is not None and not store.closed
-
-    def live_store(self) -> BaseStore:
-        """The store; StoreClosedError once it is collected."""
-        store = self._store()
-        if store is None:
-            raise StoreClosedError("the signal channel's store is gone")
-        return store
-
-    @contextlib.contextmanager
-    def translated(self) -> Iterator[None]:
-        """Raise the driver's errors in the block as the store's primitives raise them (its ``_translate``)."""
-        store = self._store()
-        with translated(store._translate if store is not None else lambda exc: None):
-            yield
-
-    @abc.abstractmethod
-    async def listen(self, name: str) -> None:
-        """Start receiving ``name``."""
-
-    @abc.abstractmethod
-    async def unlisten(self, name: str) -> None:
-        """Stop receiving ``name``."""
-
-    @abc.abstractmethod
-    async def publish(self, name: str, message: str) -> None:
-        """Send ``message`` on ``name`` to every process (this one included)."""
-
-    async def aclose(self) -> None:  # noqa: B027 - optional: in-process transports hold nothing
-        """Release connections (the channel has cancelled the tasks it spawned)."""
 
 
 def digest(*parts: str) -> str:
@@ -123,7 +52,7 @@ class Backoff:
         self.delay = BACKOFF[0]
 
 
-class NumberedPoll(Transport):
+class NumberedPoll(Transport[HostT]):
     """A transport whose messages are numbered rows, read in order by one polling task.
 
     For backends with no push (MongoDB, MariaDB/MySQL): a subclass stores each message under
@@ -136,7 +65,7 @@ class NumberedPoll(Transport):
 
     intervals: tuple[float, float] = (0.02, 0.05)
 
-    def __init__(self, store: Any, sink: Sink) -> None:
+    def __init__(self, store: HostT, sink: Sink) -> None:
         super().__init__(store, sink)
         self._names: set[str] = set()
         self._task: asyncio.Task[None] | None = None
