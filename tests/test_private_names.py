@@ -430,10 +430,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "BaseStore._signal_transport is a backend hook (base.py: the backend contract): each backend overrides it"
         " and kvstores.signals, which its docstring names, is its one caller"
     ),
-    ("kvstores.signals._transport", "store._translate"): (
-        "BaseStore._translate is a backend hook (base.py: the backend contract): a signal transport raises its"
-        " driver's errors as the store's primitives do, through the same hook"
-    ),
     ("kvstores.signals", "store._signal_channel"): (
         "BaseStore._signal_channel is the slot the base keeps for kvstores.signals.channel() (its aclose()"
         " closes the channel); kvstores.signals is its one writer"
