@@ -551,7 +551,7 @@ def run(options: argparse.Namespace) -> int:
 def _urls(options: argparse.Namespace) -> list[str]:
     """Every store URL the command was given, $KVSTORES_URL included: the secrets to keep out of messages."""
     given = [*getattr(options, "arguments", ()), getattr(options, "target", ""), os.environ.get(URL_VARIABLE, "")]
-    return [argument for argument in given if is_url(argument)]
+    return [argument for argument in given if isinstance(argument, str) and is_url(argument)]
 
 
 def _complain(options: argparse.Namespace, message: str) -> None:

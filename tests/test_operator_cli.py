@@ -548,3 +548,12 @@ def test_ping_exits_0_when_the_store_answers_and_1_when_it_does_not(tmp_path: Pa
     assert "StoreConnectionError" in one_line_error(down, "ping")
     assert time.monotonic() - started < 30
     assert "KVSTORES_URL is not set" in one_line_error(kvstores("ping"), "ping")
+
+
+def test_tasks_with_the_url_from_the_environment_fails_in_one_line() -> None:
+    url = f"redis://:s3cretPW@127.0.0.1:{free_port()}/0?timeout=0.5"  # nothing listens there
+    for arguments in (("tasks", "ls"), ("tasks", "ls", "--json"), ("tasks", "show", "#0123456789ab")):
+        failed = kvstores(*arguments, env={"KVSTORES_URL": url})
+        assert failed.returncode == 1, failed.stderr
+        line = one_line_error(failed, "tasks")
+        assert "s3cretPW" not in line + failed.stdout
