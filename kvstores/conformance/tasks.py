@@ -106,6 +106,9 @@ class TaskEngineConformance(StoreConformance):
         assert not await engine.finish(claim, TaskState.FAILED, error={"code": -1, "message": "late"})
         final = await engine.read(record.id, "principal-a")
         assert final is not None and final.state is TaskState.COMPLETED and final.result == {"ok": True}
+        [listed] = await engine.records([record.ref])
+        assert listed is not None and listed.result is None, "a listing must not read results"
+        assert await engine.all_refs() == [record.ref]
         assert record.ref not in await engine.runnable()
         assert not await engine.cancel(record.id, "principal-b")
 

@@ -59,7 +59,8 @@ __all__ = [
 logger = logging.getLogger("kvstores.tasks")
 
 RECORDS = "kvstores-tasks"
-"""The collection of task records (and workers' fault reports, ``fault/<ref>``)."""
+"""The collection of task records, their results (``outcome/<ref>/<token>``: a listing reads records only)
+and workers' fault reports (``fault/<ref>``)."""
 
 QUEUE = "kvstores-tasks-queue"
 """The collection of runnable and running tasks' refs: what workers scan."""
@@ -78,6 +79,7 @@ SCAN_PAGE = 1_000
 """Queue entries one scan reads."""
 
 _FAULT = "fault/"
+_OUTCOME = "outcome/"
 _RETRY_CAP = 1.0
 
 
@@ -198,9 +200,9 @@ class TaskEngine:
             logger.warning("tasks: could not signal %s of task %s (%s); rescans catch up", kind, label(task_ref), exc)
 
     async def read(self, task_id: str, scope: str | None) -> TaskRecord | None:
-        """The record of ``task_id`` when it exists and belongs to ``scope``; else None (the same answer).
-
-        A worker's fault report beside a live record fails the task here (see the module docstring).
+        """The record of ``task_id``, its result loaded, when it exists and belongs to ``scope``; else None
+        (the same answer). A worker's fault report beside a live record fails the task here (see the module
+        docstring).
         """
         if not isinstance(task_id, str) or not task_id:
             return None
@@ -210,7 +212,12 @@ class TaskEngine:
             return None
         if fault is not None and not record.state.terminal:
             record = await self._fail_unfenced(task_ref, fault) or record
-        return record
+        if record.result_token is None:
+            return record
+        outcome = await self.store.get(_outcome_key(task_ref, record.result_token), collection=RECORDS)
+        if outcome is None:  # expired a moment before its record: the task is gone
+            return None
+        return dataclasses.replace(record, result=outcome.get("result"))
 
     async def _with_fault(self, task_ref: str) -> tuple[TaskRecord | None, str | None]:
         """The record and the text of a worker's fault report on it (None: no report)."""
@@ -427,8 +434,13 @@ class TaskEngine:
         delay = 0.05
         outcome = (state, dict(fields))
         self._queued.pop(claim.task_ref, None)
+        kept = None
         while True:
             try:
+                if kept is None and outcome[1].get("result") is not None:
+                    kept = await self._keep_result(claim, outcome[1]["result"])
+                if kept is not None:
+                    outcome = (outcome[0], {**outcome[1], "result": None, "result_token": claim.token})
                 changed = await self.fenced(claim, functools.partial(_outcome, state=outcome[0], fields=outcome[1]))
                 break
             except SerializationError as exc:
@@ -443,10 +455,25 @@ class TaskEngine:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_CAP)
         if changed is None:
+            if kept is not None:  # this run lost the task: its result names a lease nobody holds
+                await self._forget(kept)
             return False
         if changed.state is not TaskState.WORKING:
             await self._unqueue(claim.task_ref)
         return True
+
+    async def _keep_result(self, claim: Claim, result: Any) -> str:
+        """Store a run's result beside its record, under its lease's token (a late run of a lost lease writes
+        a key of its own, never the winner's); the key. Listing tasks then never reads results."""
+        key = _outcome_key(claim.task_ref, claim.token)
+        await self.store.put(key, {"result": result}, collection=RECORDS, ttl=self.ttl)
+        return key
+
+    async def _forget(self, key: str) -> None:
+        try:
+            await self.store.delete(key, collection=RECORDS)
+        except KVStoreError as exc:  # it expires with its TTL
+            logger.warning("tasks: could not delete a dropped outcome: %s", exc)
 
     async def _unqueue(self, task_ref: str) -> None:
         try:
@@ -489,7 +516,11 @@ class TaskEngine:
     async def all_refs(self, limit: int = 10_000) -> list[str]:
         """Refs of every stored task (fault reports left out), at most ``limit``."""
         keys = await cast(EnumerateKeysStore, self.store).keys(RECORDS, limit=limit)
-        return [key for key in keys if not key.startswith(_FAULT)]
+        return [key for key in keys if "/" not in key]  # records, not fault reports or results
+
+
+def _outcome_key(task_ref: str, token: int) -> str:
+    return f"{_OUTCOME}{task_ref}/{token}"
 
 
 def _typed(stored: Mapping[str, Any] | None, task_ref: str) -> TaskRecord | None:

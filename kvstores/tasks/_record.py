@@ -100,6 +100,7 @@ class TaskRecord:
     message: str | None = None
     progress: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
+    """The tool's result: stored beside the record (see ``result_token``), loaded by ``TaskEngine.read``."""
     error: dict[str, Any] | None = None
     input_requests: dict[str, Any] | None = None
     input_keys: dict[str, str] | None = None
@@ -108,6 +109,8 @@ class TaskRecord:
     lease: Lease | None = None
     token: int = 0
     attempts: int = 0
+    result_token: int | None = None
+    """Where the result is: beside the record, under the token of the run that wrote it (None: no result)."""
 
     @property
     def ref(self) -> str:
