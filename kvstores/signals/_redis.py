@@ -24,6 +24,7 @@ from redis.asyncio.cluster import ClusterNode
 
 from kvstores.backends.redis import close_client
 from kvstores.base import BaseStore
+from kvstores.loop import raise_if_cancelled
 from kvstores.signals._transport import HEARTBEAT, Backoff, Sink, Transport
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,7 @@ class RedisTransport(Transport):
     async def _run(self) -> None:
         backoff = Backoff()
         while self.store_open:
+            raise_if_cancelled()  # redis-py's wait_for swallowed it on 3.11: stop, never reconnect through it
             listener, owned = _listening_client(self._client)
             pubsub = listener.pubsub()
             try:
@@ -163,6 +165,7 @@ class RedisTransport(Transport):
         loop = asyncio.get_running_loop()
         next_beat = 0.0
         while self.store_open:
+            raise_if_cancelled()
             now = loop.time()
             if now >= next_beat:
                 if now - self._heard > 3 * HEARTBEAT:

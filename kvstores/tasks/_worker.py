@@ -18,6 +18,7 @@ from typing import Any
 
 from kvstores._telemetry import span
 from kvstores.errors import EncryptionKeyError, KVStoreError
+from kvstores.loop import raise_if_cancelled, wait_event
 from kvstores.tasks._engine import SIGNALS, Claim, TaskEngine, label
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_RESCAN", "Outcome", "Worker"]
@@ -82,9 +83,8 @@ class Worker:
             logger.warning("tasks: no signal channel (%s); the worker rescans every %g s", exc, self.rescan)
         try:
             while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.rescan)
-                    # a wake-up, not the rescan timer
+                raise_if_cancelled()  # one that a store's driver swallowed (Python 3.11's wait_for)
+                await wait_event(self._wake, self.rescan)  # a wake-up, or the rescan timer
                 if not self._wake.is_set():
                     self._full_scan = True
                 self._wake.clear()
