@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from kvstores.base import translated
 from kvstores.errors import StoreClosedError
+from kvstores.loop import raise_if_cancelled
 
 if TYPE_CHECKING:
     from kvstores.base import BaseStore
@@ -169,6 +170,7 @@ class NumberedPoll(Transport):
         interval = self.intervals[0]
         hole_since: float | None = None
         while self.store_open:
+            raise_if_cancelled()  # one that the driver swallowed on 3.11 (asyncmy's connect): stop polling
             try:
                 if self._last is None:
                     self._last = await self._latest()
