@@ -65,7 +65,6 @@ policy: the keys end up deleted either way, but a retried DEL can under-count (0
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 from collections import deque
@@ -79,6 +78,7 @@ from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
 from kvstores.errors import KVStoreError, StoreClosedError, StoreConnectionError
+from kvstores.loop import wait_event
 
 if TYPE_CHECKING:
     from kvstores._signal_host import Sink, Transport
@@ -258,8 +258,7 @@ class _Gate:
                 waiter.set_exception(StoreClosedError("RedisStore is closed"))
         if self._inside:
             self._left = asyncio.Event()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._left.wait(), within)
+            await wait_event(self._left, within)
 
     def _leave(self) -> None:
         self._inside -= 1

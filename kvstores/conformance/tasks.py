@@ -24,6 +24,7 @@ import time
 from typing import Any, ClassVar
 
 from kvstores.conformance._base import StoreConformance, requires
+from kvstores.loop import wait_event
 from kvstores.tasks._engine import Claim, TaskEngine
 from kvstores.tasks._record import TaskRecord, TaskState
 from kvstores.tasks._worker import Outcome, Worker
@@ -191,7 +192,7 @@ class TaskEngineConformance(StoreConformance):
                 assert time.monotonic() < deadline, "the worker never started the task"
                 await asyncio.sleep(0.02)
             assert await engine.cancel(sleeping.id, "principal-a")
-            await asyncio.wait_for(cancelled.wait(), 5)
+            assert await wait_event(cancelled, 5), "the cancel never reached the tool"
             final = await engine.read(sleeping.id, "principal-a")
             assert final is not None and final.state is TaskState.CANCELLED
         finally:

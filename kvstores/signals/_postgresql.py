@@ -20,6 +20,7 @@ from typing import Any, Final, Protocol
 import asyncpg
 
 from kvstores._signal_host import Sink, SQLHost, Transport
+from kvstores.loop import deadline, raise_if_cancelled
 from kvstores.signals._transport import HEARTBEAT, Backoff, digest
 
 logger = logging.getLogger(__name__)
@@ -118,11 +119,13 @@ class PostgreSQLTransport(Transport[PostgreSQLHost]):
     async def _run(self) -> None:
         backoff = Backoff()
         while self.store_open:
+            raise_if_cancelled()  # one that the driver swallowed on 3.11: stop, never reconnect through it
             connection = None
             lost = asyncio.Event()
             try:
                 async with self._lock:
-                    connection = await asyncio.wait_for(self._connect(), self._timeout)
+                    async with deadline(self._timeout):
+                        connection = await self._connect()
                     connection.add_termination_listener(_setter(lost))
                     if self._schema is None:
                         self._schema = str(await connection.fetchval(_SCHEMA))
@@ -149,6 +152,7 @@ class PostgreSQLTransport(Transport[PostgreSQLHost]):
     async def _watch(self, connection: Any, lost: asyncio.Event) -> None:
         """Return only when the connection is lost (or the store closed)."""
         while self.store_open:
+            raise_if_cancelled()
             try:
                 async with asyncio.timeout(HEARTBEAT):
                     await lost.wait()

@@ -23,6 +23,7 @@ from redis.asyncio import RedisCluster
 
 from kvstores._signal_host import SignalHost, Sink, Transport
 from kvstores.errors import StoreClosedError
+from kvstores.loop import raise_if_cancelled
 from kvstores.signals._transport import HEARTBEAT, Backoff
 
 logger = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ class RedisTransport(Transport[RedisHost]):
     async def _run(self) -> None:
         backoff = Backoff()
         while self.store_open:
+            raise_if_cancelled()  # redis-py's wait_for swallowed it on 3.11: stop, never reconnect through it
             try:
                 listener, release = self.live_store().listener()
             except StoreClosedError:
@@ -154,6 +156,7 @@ class RedisTransport(Transport[RedisHost]):
         loop = asyncio.get_running_loop()
         next_beat = 0.0
         while self.store_open:
+            raise_if_cancelled()
             now = loop.time()
             if now >= next_beat:
                 if now - self._heard > 3 * HEARTBEAT:

@@ -14,6 +14,7 @@ import logging
 from typing import Final
 
 from kvstores._signal_host import HostT, SignalHost, Sink, Transport
+from kvstores.loop import raise_if_cancelled
 
 __all__ = ["BACKOFF", "HEARTBEAT", "HOLE_WAIT", "Backoff", "NumberedPoll", "SignalHost", "Sink", "Transport", "digest"]
 
@@ -98,6 +99,7 @@ class NumberedPoll(Transport[HostT]):
         interval = self.intervals[0]
         hole_since: float | None = None
         while self.store_open:
+            raise_if_cancelled()  # one that the driver swallowed on 3.11 (asyncmy's connect): stop polling
             try:
                 if self._last is None:
                     self._last = await self._latest()

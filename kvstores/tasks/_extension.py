@@ -14,7 +14,6 @@ an anonymous caller).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator, Collection, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -27,6 +26,7 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from kvstores.errors import KVStoreError
+from kvstores.loop import stop
 from kvstores.signals import channel as signals_channel
 from kvstores.tasks._engine import DEFAULT_LEASE, DEFAULT_TTL, TaskEngine, iso
 from kvstores.tasks._models import (
@@ -114,9 +114,7 @@ class StoreTasks(ServerExtension):
             yield
         finally:
             self._local = None
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop(task)  # its subscription to the signal channel ends with it
 
     def worker(self) -> Worker:
         """A worker that runs this server's tasks (the lifespan runs one; ``kvstores worker`` too)."""

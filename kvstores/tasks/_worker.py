@@ -21,6 +21,7 @@ from typing import Any
 from kvstores._lease import keep
 from kvstores._telemetry import span
 from kvstores.errors import EncryptionKeyError, KVStoreError
+from kvstores.loop import raise_if_cancelled, wait_event
 from kvstores.tasks._engine import SIGNALS, Claim, TaskEngine
 from kvstores.tasks._record import TaskState, label
 
@@ -88,7 +89,8 @@ class Worker:
         next_scan = loop.time()  # the first scan at once: what an earlier run left
         try:
             while True:
-                await _wait(self._wake, next_scan - loop.time())
+                raise_if_cancelled()  # one that a store's driver swallowed (Python 3.11's wait_for)
+                await wait_event(self._wake, next_scan - loop.time())  # a wake-up, or the scan's time
                 self._wake.clear()
                 if loop.time() >= next_scan:  # on its schedule, whatever woke the worker meanwhile
                     self._full_scan = True
@@ -208,16 +210,3 @@ class Worker:
                 "tasks: task %s is no longer ours (cancelled, or re-run after our lease lapsed)", label(claim.task_ref)
             )
             tool.cancel()
-
-
-async def _wait(event: asyncio.Event, seconds: float) -> None:
-    """Wait until ``event`` is set or ``seconds`` passed; a cancel is never swallowed
-    (``asyncio.wait_for`` on 3.11 drops one that arrives as the event is set)."""
-    if event.is_set() or seconds <= 0:
-        await asyncio.sleep(0)  # still a point where a cancel lands
-        return
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait({waiter}, timeout=seconds)
-    finally:
-        waiter.cancel()
