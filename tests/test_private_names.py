@@ -228,6 +228,18 @@ NAMES: list[Upstream] = [
         "kvstores.tasks.StoreProgress hands FastMCP's Progress dependency a recorder that writes to the task",
     ),
     Upstream(
+        "fastmcp",
+        "fastmcp.tools.function_tool",
+        ("_validate_input", "_resolve_param_hints"),
+        "kvstores.tasks validates a task's arguments at tools/call as the synchronous path does (as fastmcp-tasks)",
+    ),
+    Upstream(
+        "fastmcp",
+        "fastmcp.server.providers.fastmcp_provider:FastMCPProviderTool",
+        ("_server",),
+        "kvstores.tasks runs a mounted tool with the server it lives on as its context's server (as fastmcp-tasks)",
+    ),
+    Upstream(
         "mcp",
         "mcp.server.auth.middleware.auth_context",
         ("auth_context_var",),

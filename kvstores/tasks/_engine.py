@@ -67,8 +67,8 @@ SIGNALS = "kvstores-tasks"
 DEFAULT_LEASE = 10.0
 """Seconds a claim lasts without a heartbeat: a SIGKILLed worker's task runs again within this plus one rescan."""
 
-DEFAULT_TTL = 3_600.0
-"""Seconds a task is kept after its last change."""
+DEFAULT_TTL = 900.0
+"""Seconds a task is kept after its last change: 900, Docket's execution TTL, as ``fastmcp-tasks`` reports it."""
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 """The states nothing changes afterwards."""
