@@ -58,6 +58,9 @@ __all__ = ["StoreTasks", "serve_worker"]
 
 _TASK_METHOD_VERSIONS = frozenset(MODERN_PROTOCOL_VERSIONS)
 
+_STOP_GRACE = 1.5
+"""Seconds a stopping worker has to end after its cancellation before it is cancelled again (see ``_stop``)."""
+
 
 class StoreTasks(ServerExtension):
     """Background tasks for ``@mcp.tool(task=True)``, kept on ``store``: ``mcp.add_extension(StoreTasks(store))``.
@@ -126,9 +129,7 @@ class StoreTasks(ServerExtension):
             yield
         finally:
             self._local = None
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await _stop(task)
 
     def worker(self) -> Worker:
         """A worker that runs this server's tasks (the lifespan runs one; ``kvstores worker`` too)."""
@@ -217,24 +218,34 @@ class StoreTasks(ServerExtension):
 
     async def _handle_get(self, ctx: ServerRequestContext[Any, Any], params: GetTaskParams) -> GetTaskResult:
         _check_request(ctx, params.task_id)
-        record = await _stored(self.engine.read(params.task_id, _scope()))
-        if record is None:
-            raise _not_found(params.task_id)
-        return _detailed(record)
+        return await self._get(params.task_id)
 
     async def _handle_update(self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams) -> UpdateTaskResult:
         _check_request(ctx, params.task_id)
-        from kvstores.tasks._runner import checked_answer
-
-        answered = self.engine.answer(params.task_id, _scope(), params.input_responses, checked_answer)
-        if not await _stored(answered):
-            raise _not_found(params.task_id)
-        return UpdateTaskResult()
+        return await self._update(params.task_id, params.input_responses)
 
     async def _handle_cancel(self, ctx: ServerRequestContext[Any, Any], params: GetTaskParams) -> CancelTaskResult:
         _check_request(ctx, params.task_id)
-        if not await _stored(self.engine.cancel(params.task_id, _scope())):
-            raise _not_found(params.task_id)
+        return await self._cancel(params.task_id)
+
+    # The methods past their gates, for the caller's principal (``fastmcp_tasks.handlers``' three functions).
+
+    async def _get(self, task_id: str) -> GetTaskResult:
+        record = await _stored(self.engine.read(task_id, _scope()))
+        if record is None:
+            raise _not_found(task_id)
+        return _detailed(record)
+
+    async def _update(self, task_id: str, responses: dict[str, Any]) -> UpdateTaskResult:
+        from kvstores.tasks._runner import checked_answer
+
+        if not await _stored(self.engine.answer(task_id, _scope(), responses, checked_answer)):
+            raise _not_found(task_id)
+        return UpdateTaskResult()
+
+    async def _cancel(self, task_id: str) -> CancelTaskResult:
+        if not await _stored(self.engine.cancel(task_id, _scope())):
+            raise _not_found(task_id)
         return CancelTaskResult()
 
 
@@ -296,6 +307,21 @@ def _call_shape(fn: Any) -> Any:
         if name in hints or parameter.annotation is not inspect.Parameter.empty
     }
     return probe
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    """Cancel the worker's task and wait for it, cancelling again while it runs on.
+
+    Python 3.11's ``asyncio.wait_for`` drops a cancellation that arrives as the awaited call completes
+    (python/cpython#86296, fixed in 3.12): a worker woken by a submission just as the server stopped went on
+    waiting for its next wake-up, and the server's shutdown hung. A cancellation is repeated after
+    :data:`_STOP_GRACE`, longer than a worker takes to give its running tasks back.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=_STOP_GRACE)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _never(*_: Any) -> Any:

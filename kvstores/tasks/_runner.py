@@ -200,10 +200,14 @@ def _typed_responses(stored: Mapping[str, Any] | None) -> mcp_types.InputRespons
 def _parked(asked: mcp_types.InputRequiredResult, record: Mapping[str, Any]) -> Outcome:
     """The task waits for the client's answers: each request under a key no earlier round used."""
     requests = asked.input_requests or {}
-    if not requests:
+    if not requests:  # fastmcp-tasks' words where the round carries state
+        asks = "an InputRequiredResult that asks nothing"
+        if asked.request_state is not None:
+            asks = "a state-only InputRequiredResult (request_state with no input_requests)"
         return _tool_error(
-            "A background task returned an InputRequiredResult that asks nothing; "
-            "include at least one input request, or run the tool synchronously."
+            f"A background task returned {asks}. "
+            "Checkpoint-style rounds that carry state without asking the client anything are not yet supported for "
+            "tasks; include at least one input request, or run the tool synchronously."
         )
     round_number = int(record.get("attempts", 1))
     surfaced = {f"{key}@{round_number}": key for key in requests}
