@@ -3,18 +3,20 @@
 Each test is a behaviour where FastMCP's own tests (``tests/tasks`` of FastMCP 4.1.4's sdist, run
 against ``StoreTasks`` in ``.ci/compat-matrix``'s ``fastmcp-4.1-tasks`` row) pass with
 ``TasksExtension`` and failed with ``StoreTasks``: arguments validated at ``tools/call``, the
-default TTL, a dependency that cannot be resolved, mounted servers' middleware, and
-``FASTMCP_TASKS_ENCRYPTION_KEY``. The behaviour is the extension's, the same on every store: these
-run on the memory store.
+default TTL, a dependency that cannot be resolved, mounted servers' middleware,
+``FASTMCP_TASKS_ENCRYPTION_KEY``, a state-only guard round and a server's shutdown. The behaviour
+is the extension's, the same on every store: these run on the memory store.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
 
+import anyio
 import mcp_types as mt
 import pytest
 from fastmcp import Context, FastMCP
@@ -177,3 +179,40 @@ def test_fastmcp_tasks_encryption_key_is_refused(monkeypatch: pytest.MonkeyPatch
     (tmp_path / ".env").write_text("FASTMCP_TASKS_ENCRYPTION_KEY=from-the-dotenv-file\n")
     with pytest.raises(ValueError, match="encryption_keys"):
         StoreTasks(store)
+
+
+async def test_a_state_only_guard_round_completes_with_an_error_that_says_so() -> None:
+    mcp = FastMCP("guard")
+    mcp.add_extension(StoreTasks(open_store("memory://")))
+
+    @mcp.tool(task=True)
+    async def checkpoint(ctx: Context) -> str | mt.InputRequiredResult:
+        if ctx.request_state is None:
+            return mt.InputRequiredResult(result_type="input_required", input_requests={}, request_state="carried")
+        return "done"
+
+    async with wire_of(mcp) as wire:
+        final = await wire.wait(await wire.submit("checkpoint", {}))
+        assert final["status"] == "completed" and final["result"]["isError"] is True
+        assert "state-only" in final["result"]["content"][0]["text"]
+
+
+async def test_a_stopping_worker_is_cancelled_again_when_a_cancellation_was_dropped() -> None:
+    from kvstores.tasks._extension import _stop
+
+    dropped = asyncio.Event()
+
+    async def swallowing() -> None:
+        """As a Worker.run whose asyncio.wait_for (Python 3.11) dropped the server's cancellation."""
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            dropped.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.get_running_loop().create_task(swallowing())
+    await asyncio.sleep(0)
+    with anyio.move_on_after(30) as deadline:
+        await _stop(task)
+    assert not deadline.cancel_called, "the stop hung on the dropped cancellation"
+    assert dropped.is_set() and task.cancelled()
