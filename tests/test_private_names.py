@@ -235,6 +235,18 @@ NAMES: list[Upstream] = [
         "kvstores.tasks.StoreTasks.clone clears the server binding as ServerExtension.clone does",
     ),
     Upstream(
+        "fastmcp",
+        "fastmcp.tools.function_tool",
+        ("_validate_input", "_resolve_param_hints"),
+        "kvstores.tasks validates a task's arguments at tools/call as the synchronous path does (as fastmcp-tasks)",
+    ),
+    Upstream(
+        "fastmcp",
+        "fastmcp.server.providers.fastmcp_provider:FastMCPProviderTool",
+        ("_server",),
+        "kvstores.tasks runs a mounted tool with the server it lives on as its context's server (as fastmcp-tasks)",
+    ),
+    Upstream(
         "mcp",
         "mcp.server.auth.middleware.auth_context",
         ("auth_context_var",),

@@ -74,7 +74,7 @@ async def test_a_task_runs_and_its_result_is_polled(served: Served) -> None:
     answer = await served.wire.call("echo", {"text": "hi"})
     created = answer["result"]
     assert created["resultType"] == "task" and created["status"] == "working"
-    assert created["ttlMs"] == 3_600_000 and created["pollIntervalMs"] == 5_000
+    assert created["ttlMs"] == 900_000 and created["pollIntervalMs"] == 5_000
     assert len(created["taskId"]) >= 43  # 32 random bytes, URL-safe base64
     done = await served.wire.wait(created["taskId"])
     assert done["status"] == "completed", done

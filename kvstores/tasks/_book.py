@@ -39,8 +39,8 @@ DEFAULT_LEASE = 10.0
 """Seconds a claim lasts without a renewal. A SIGKILLed worker's task runs again within this plus
 :func:`kvstores._lease.confirm_after` (5 s) plus one rescan, whatever the traffic."""
 
-DEFAULT_TTL = 3_600.0
-"""Seconds a task is kept after its last change."""
+DEFAULT_TTL = 900.0
+"""Seconds a task is kept after its last change: 900, Docket's execution TTL, as ``fastmcp-tasks`` reports it."""
 
 SCAN_PAGE = 1_000
 """Queue entries one scan reads."""

@@ -4,26 +4,33 @@ In place of ``fastmcp_tasks.TasksExtension``: the same capability, methods (``ta
 ``tasks/update``, ``tasks/cancel``), ``tools/call`` interception and answers, with the engine
 on any kvstores store with atomic operations (:mod:`kvstores.tasks._engine`) instead of Docket,
 and a worker in every server process (its lifespan). Where the extension's behaviour is not
-spelled out, this does what ``fastmcp-tasks`` 4.1.4 does (its ``extension.py`` and
-``handlers.py``): the gates of every ``tasks/*`` method, the modes, the -32602 "Task <id> not
-found" for a missing, expired or another principal's task, the empty acknowledgement of a
-cancel of a finished task, and the principal (``client_id|sub`` of the access token, None for
-an anonymous caller).
+spelled out, this does what ``fastmcp-tasks`` 4.1.4 does (its ``extension.py``, ``creation.py``
+and ``handlers.py``): the gates of every ``tasks/*`` method, the modes, arguments validated at
+``tools/call`` (the server's ``strict_input_validation`` honoured; an invalid call raises there
+and creates no task), the -32602 "Task <id> not found" for a missing, expired or another
+principal's task, the empty acknowledgement of a cancel of a finished task, and the principal
+(``client_id|sub`` of the access token, None for an anonymous caller). ``fastmcp-tasks``'
+``FASTMCP_TASKS_ENCRYPTION_KEY`` is refused, not ignored: records are sealed by the store's own
+``encryption_keys``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import os
 from collections.abc import AsyncGenerator, Collection, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Self, cast
 
 from fastmcp.server.extensions import MethodBinding, ServerExtension, read_client_extension_settings
 from fastmcp.utilities.tasks import TASKS_EXTENSION_ID
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kvstores.errors import KVStoreError
 from kvstores.loop import stop
@@ -63,6 +70,11 @@ class StoreTasks(ServerExtension):
     ``ttlMs``), ``run_once`` (names of tools never run twice: a task whose worker died fails
     instead) and ``worker`` (False: this process serves tasks/* but runs none; ``kvstores
     worker`` processes do).
+
+    ``FASTMCP_TASKS_ENCRYPTION_KEY`` (``fastmcp-tasks``' key for its context snapshots, in the
+    environment or the ``.env`` file FastMCP reads) raises ValueError: nothing here reads it, and a
+    server migrated from ``fastmcp-tasks`` must not run believing its tasks are encrypted. Seal them
+    with ``open_store(url, encryption_keys=[...])`` and unset the variable.
     """
 
     identifier = TASKS_EXTENSION_ID
@@ -78,6 +90,7 @@ class StoreTasks(ServerExtension):
         run_once: Collection[str] = (),
         worker: bool = True,
     ) -> None:
+        _refuse_fastmcp_tasks_key()
         self.engine = TaskEngine(store, lease=lease, ttl=ttl)
         self.concurrency = concurrency
         self.rescan = rescan
@@ -86,9 +99,9 @@ class StoreTasks(ServerExtension):
         Worker(self.engine, _never, concurrency=concurrency, rescan=rescan)  # the options' checks, now
         self._local: Worker | None = None  # this process's worker while the server runs
 
-    def clone(self) -> StoreTasks:
+    def clone(self) -> Self:
         """An unbound copy on the same store (a store cannot be deep-copied)."""
-        copy = StoreTasks.__new__(StoreTasks)
+        copy = type(self).__new__(type(self))
         copy.__dict__.update(self.__dict__)
         copy._server_ref = None
         copy._local = None
@@ -170,6 +183,9 @@ class StoreTasks(ServerExtension):
     async def _create(
         self, tool: Any, arguments: dict[str, Any], context: Context, poll: timedelta
     ) -> CreateTaskResult:
+        from kvstores.tasks._runner import registered_component
+
+        _validate(await registered_component(context.fastmcp, tool), arguments, context.fastmcp.strict_input_validation)
         caller = _caller(context)
         try:
             record = await self.engine.submit(
@@ -200,25 +216,95 @@ class StoreTasks(ServerExtension):
 
     async def _handle_get(self, ctx: ServerRequestContext[Any, Any], params: GetTaskParams) -> GetTaskResult:
         _check_request(ctx, params.task_id)
-        record = await _stored(self.engine.read(params.task_id, _scope()))
-        if record is None:
-            raise _not_found(params.task_id)
-        return _detailed(record)
+        return await self._get(params.task_id)
 
     async def _handle_update(self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams) -> UpdateTaskResult:
         _check_request(ctx, params.task_id)
-        from kvstores.tasks._runner import checked_answer
-
-        answered = self.engine.answer(params.task_id, _scope(), params.input_responses, checked_answer)
-        if not await _stored(answered):
-            raise _not_found(params.task_id)
-        return UpdateTaskResult()
+        return await self._update(params.task_id, params.input_responses)
 
     async def _handle_cancel(self, ctx: ServerRequestContext[Any, Any], params: GetTaskParams) -> CancelTaskResult:
         _check_request(ctx, params.task_id)
-        if not await _stored(self.engine.cancel(params.task_id, _scope())):
-            raise _not_found(params.task_id)
+        return await self._cancel(params.task_id)
+
+    # The methods past their gates, for the caller's principal (``fastmcp_tasks.handlers``' three functions).
+
+    async def _get(self, task_id: str) -> GetTaskResult:
+        record = await _stored(self.engine.read(task_id, _scope()))
+        if record is None:
+            raise _not_found(task_id)
+        return _detailed(record)
+
+    async def _update(self, task_id: str, responses: dict[str, Any]) -> UpdateTaskResult:
+        from kvstores.tasks._runner import checked_answer
+
+        if not await _stored(self.engine.answer(task_id, _scope(), responses, checked_answer)):
+            raise _not_found(task_id)
+        return UpdateTaskResult()
+
+    async def _cancel(self, task_id: str) -> CancelTaskResult:
+        if not await _stored(self.engine.cancel(task_id, _scope())):
+            raise _not_found(task_id)
         return CancelTaskResult()
+
+
+class _FastMCPTasksSettings(BaseSettings):
+    """What ``fastmcp-tasks``' ``TasksSettings`` reads: the variables and ``.env`` file of a migrating server."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FASTMCP_TASKS_", env_file=os.getenv("FASTMCP_ENV_FILE", ".env"), extra="ignore"
+    )
+
+    encryption_key: SecretStr | None = None
+
+
+def _refuse_fastmcp_tasks_key() -> None:
+    """ValueError when ``FASTMCP_TASKS_ENCRYPTION_KEY`` is set (see :class:`StoreTasks`)."""
+    if _FastMCPTasksSettings().encryption_key is None:
+        return
+    raise ValueError(
+        "FASTMCP_TASKS_ENCRYPTION_KEY is set, but StoreTasks does not read it: kvstores.tasks seals each task "
+        "record (arguments, results, the caller's token and headers) with the store's encryption_keys, "
+        "open_store(url, encryption_keys=[...]). Give the store its keys and unset FASTMCP_TASKS_ENCRYPTION_KEY, "
+        "so that no server runs believing its tasks are encrypted when they are not."
+    )
+
+
+def _validate(tool: Any, arguments: dict[str, Any], strict: bool) -> None:
+    """Validate a function tool's call as its synchronous path would, before any task exists (as
+    ``fastmcp-tasks``' ``coerce_task_arguments``): ``fastmcp.exceptions.ValidationError`` when invalid."""
+    import logging
+
+    from fastmcp.exceptions import ValidationError
+    from fastmcp.server.dependencies import without_injected_parameters
+    from fastmcp.tools.function_tool import FunctionTool, _validate_input
+    from fastmcp.utilities.types import get_cached_typeadapter
+    from pydantic import ValidationError as PydanticValidationError
+
+    if not isinstance(tool, FunctionTool):
+        return
+    fn = without_injected_parameters(tool.fn, run_in_thread=tool.run_in_thread)
+    try:
+        _validate_input(get_cached_typeadapter(_call_shape(fn)), arguments, strict=True if strict else None)
+    except PydanticValidationError as exc:
+        raise ValidationError(str(exc), log_level=logging.WARNING) from exc
+
+
+def _call_shape(fn: Any) -> Any:
+    """A function with ``fn``'s parameters that returns them: validating a call to it never runs the tool."""
+    from fastmcp.tools.function_tool import _resolve_param_hints
+
+    def probe(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return dict(inspect.signature(probe).bind(*args, **kwargs).arguments)
+
+    hints = _resolve_param_hints(fn)
+    signature = inspect.signature(fn)
+    probe.__signature__ = signature  # type: ignore[attr-defined]
+    probe.__annotations__ = {
+        name: hints.get(name, parameter.annotation)
+        for name, parameter in signature.parameters.items()
+        if name in hints or parameter.annotation is not inspect.Parameter.empty
+    }
+    return probe
 
 
 async def _never(*_: Any) -> Any:

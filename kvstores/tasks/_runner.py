@@ -5,19 +5,25 @@ without Docket: the caller's access token, HTTP headers and session id are resto
 context variables ``get_access_token()``, ``get_http_headers()`` and ``ctx.session_id`` read (a
 token that expired while the task waited is not installed, as a live request would reject it);
 a worker ``Context`` carries the task id and, on a re-entered run, the client's answers
-(``ctx.input_responses``) and the tool's carried ``request_state``. A raised tool error becomes
-a *completed* task whose result has ``isError`` (masked per the server's policy), an
-``MCPError`` a *failed* one with its JSON-RPC error, and an ``InputRequiredResult`` parks the task
-in ``input_required``. ``Progress`` writes through to the task record (:class:`StoreProgress`).
+(``ctx.input_responses``) and the tool's carried ``request_state``. The tool run is the component
+``server.get_tasks()`` registered under the called tool's key (for a mounted tool, the child's own
+tool: no mounted server's middleware runs around it again, the root's wrapped the submission), and
+its context's server is the server the tool lives on. An error raised by the tool's body becomes a
+*completed* task whose result has ``isError`` (masked per the server's policy), an ``MCPError`` a
+*failed* one with its JSON-RPC error, and anything that fails around a function tool's body (a
+dependency that cannot be resolved) a *failed* one with -32603, as Docket's dependency injection
+does; an ``InputRequiredResult`` parks the task in ``input_required``. ``Progress`` writes through
+to the task record (:class:`StoreProgress`).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import mcp_types
 from mcp.shared.exceptions import MCPError
@@ -31,7 +37,7 @@ if TYPE_CHECKING:
     from fastmcp import FastMCP
     from fastmcp.tools.base import Tool
 
-__all__ = ["checked_answer", "execute"]
+__all__ = ["checked_answer", "execute", "owning_server", "registered_component"]
 
 logger = logging.getLogger("kvstores.tasks")
 
@@ -51,40 +57,104 @@ async def execute(server: FastMCP, claim: Claim, engine: TaskEngine) -> Outcome:
     record = claim.record
     version = record.version
     try:
-        tool = await server.get_tool(record.tool, VersionSpec(eq=version) if version else None)
+        called = await server.get_tool(record.tool, VersionSpec(eq=version) if version else None)
     except NotFoundError:
-        tool = None
-    if tool is None:
+        called = None
+    if called is None:
         return _failed(f"tool {record.tool!r} is not served by this worker's server")
+    tool = await registered_component(server, called)
+    owner = owning_server(called, server)
     caller: Mapping[str, Any] = record.caller
     _restore_caller(caller)
     recorder = ProgressRecorder(engine, claim)
-    ctx = TaskContext(fastmcp=server, task_id=claim.task_id, origin_request_id=caller.get("origin_request_id"))
+    ctx = TaskContext(fastmcp=owner, task_id=claim.task_id, origin_request_id=caller.get("origin_request_id"))
     ctx.recorder = recorder
     fn = getattr(tool, "fn", None)
-    wrapped = None if fn is None or not inspect.iscoroutinefunction(fn) else with_store_progress(fn, recorder)
-    if wrapped is not None:
-        tool = tool.model_copy(update={"fn": wrapped})
+    if fn is not None:
+        marked = _body_marked(fn)
+        progressing = with_store_progress(marked, recorder) if inspect.iscoroutinefunction(fn) else None
+        tool = tool.model_copy(update={"fn": progressing or marked})
     ctx._task_input_responses = _typed_responses(record.input_responses)
     ctx._task_request_state = record.request_state
     try:
         async with ctx:
             result = await tool.run(dict(record.arguments))
-    except FastMCPError as exc:
-        return _tool_error(str(exc))
     except MCPError as exc:
         error: dict[str, Any] = {"code": exc.error.code, "message": exc.error.message}
         if exc.error.data is not None:
             error["data"] = exc.error.data
         return Outcome(TaskState.FAILED, {"error": error, "message": exc.error.message})
     except Exception as exc:
+        raised = exc.error if isinstance(exc, _BodyError) else exc
+        if fn is not None and raised is exc:  # around the body: a dependency, as Docket fails it
+            logger.exception("tasks: task %s failed before its tool ran", label(claim.task_ref))
+            return _failed(str(exc) or type(exc).__name__)
+        if isinstance(raised, FastMCPError):
+            return _tool_error(str(raised))
         logger.exception("tasks: the tool of task %s raised", label(claim.task_ref))
-        masked = getattr(server, "_mask_error_details", False)
-        text = f"Error calling tool {tool.name!r}" + ("" if masked else f": {exc}")
-        return _tool_error(text)
+        masked = getattr(owner, "_mask_error_details", False)
+        return _tool_error(f"Error calling tool {tool.name!r}" + ("" if masked else f": {raised}"))
     if isinstance(result, InputRequiredToolResult):
         return _parked(result.input_required, record)
     return Outcome(TaskState.COMPLETED, {"result": _call_tool_result(tool, result), "message": None})
+
+
+async def registered_component(server: FastMCP, tool: Tool) -> Tool:
+    """The component ``server.get_tasks()`` registered under ``tool``'s key (as ``fastmcp-tasks`` runs it).
+
+    For a mounted tool, ``get_tool()`` answers a provider wrapper whose ``run`` calls the child server
+    (its middleware again); the registered component is the child's own tool, transforms applied.
+    """
+    from fastmcp.tools.base import Tool
+
+    for component in await server.get_tasks():
+        if component.key == tool.key and isinstance(component, Tool):
+            return component
+    return tool
+
+
+def owning_server(tool: Tool, fallback: FastMCP) -> FastMCP:
+    """The server a mounted tool lives on (its context's ``fastmcp``, ``CurrentFastMCP()``), else ``fallback``."""
+    from fastmcp.server.providers.fastmcp_provider import FastMCPProviderTool
+
+    if isinstance(tool, FastMCPProviderTool) and tool._server is not None:
+        return cast("FastMCP", tool._server)
+    return fallback
+
+
+class _BodyError(Exception):
+    """What a function tool's own body raised, told apart from a failure around it (its dependencies)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _body_marked(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (same signature) raising :class:`_BodyError` for what its body raises; ``MCPError`` passes."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def marked(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except MCPError:
+                raise
+            except Exception as exc:
+                raise _BodyError(exc) from exc
+
+        return marked
+
+    @functools.wraps(fn)
+    def marked_sync(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except MCPError:
+            raise
+        except Exception as exc:
+            raise _BodyError(exc) from exc
+
+    return marked_sync
 
 
 def _restore_caller(caller: Mapping[str, Any]) -> None:
@@ -131,10 +201,14 @@ def _typed_responses(stored: Mapping[str, Any] | None) -> mcp_types.InputRespons
 def _parked(asked: mcp_types.InputRequiredResult, record: TaskRecord) -> Outcome:
     """The task waits for the client's answers: each request under a key no earlier round used."""
     requests = asked.input_requests or {}
-    if not requests:
+    if not requests:  # fastmcp-tasks' words where the round carries state
+        asks = "an InputRequiredResult that asks nothing"
+        if asked.request_state is not None:
+            asks = "a state-only InputRequiredResult (request_state with no input_requests)"
         return _tool_error(
-            "A background task returned an InputRequiredResult that asks nothing; "
-            "include at least one input request, or run the tool synchronously."
+            f"A background task returned {asks}. "
+            "Checkpoint-style rounds that carry state without asking the client anything are not yet supported for "
+            "tasks; include at least one input request, or run the tool synchronously."
         )
     round_number = record.attempts
     surfaced = {f"{key}@{round_number}": key for key in requests}
