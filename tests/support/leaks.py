@@ -5,8 +5,10 @@ freed, and one held in a reference cycle is freed only when the garbage collecto
 test happens to be running then: that unrelated test failed. Here, after each test's teardown, the
 garbage is collected with warnings recorded, and every ResourceWarning (and any other exception
 raised by a finalizer, or a pending task destroyed) fails the test that left it, as an error at its
-teardown that names the test and, with tracemalloc on (``PYTHONTRACEMALLOC=20``), where the leaked
-object was allocated.
+teardown that names the test and, with tracemalloc on (``PYTHONTRACEMALLOC=20``, for one test: it slows
+the suite several times), where the leaked object was allocated. (Only for an object the collector freed:
+CPython re-traces an object its finalizer resurrects, so one freed with the test's fixture values shows
+where it was freed. The test is named either way.)
 
 Cost and exactness: a full collection after every test, so each test's garbage is freed before the
 next test starts (a young-generation collection would miss cycles that lived long enough to reach
@@ -44,7 +46,10 @@ class _Recorder(logging.Handler):
         self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+        message = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            message += f"\n  {type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
+        self.messages.append(message)
 
 
 def _allocated_at(source: object) -> str:
