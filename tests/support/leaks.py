@@ -16,8 +16,9 @@ the old generation, and name a later test). What keeps it cheap is ``gc.freeze()
 is done: the modules, test items and everything else alive then move to a generation the collector
 never scans again, so each collection walks only what was allocated since (session servers and
 their clients among it): about 2 ms a test where a full collection took 80 ms (test_conformance's
-memory and SQLite rows), and the automatic collections during the tests get cheaper too. Objects alive at that point that later become cyclic garbage are never
-freed; they are the import-time heap, which the process keeps to its end anyway.
+memory and SQLite rows), and the automatic collections during the tests get cheaper too. Objects
+alive at the freeze that later become cyclic garbage are never freed; they are the import-time heap,
+which the process keeps to its end anyway.
 
 Open descriptors are not counted: session fixtures' servers (some in this process, on threads of
 their own) open and close sockets for other tests' clients whenever their threads get to it, so a
