@@ -66,7 +66,8 @@ def _allocated_at(source: object) -> str:
 
 @contextmanager
 def _recorded(leaks: list[str]) -> Iterator[None]:
-    """Append to ``leaks`` every ResourceWarning, finalizer exception and asyncio error of the block."""
+    """Append to ``leaks`` every warning (ResourceWarning above all), finalizer exception and asyncio error of
+    the block."""
 
     def unraisable(args: sys.UnraisableHookArgs) -> None:
         message = args.err_msg or "Exception ignored in"
@@ -83,9 +84,9 @@ def _recorded(leaks: list[str]) -> Iterator[None]:
     finally:
         sys.unraisablehook = previous_hook
         asyncio_logger.removeHandler(recorder)
-    for warning in caught:
-        if issubclass(warning.category, ResourceWarning):
-            leaks.append(f"{warning.message}{_allocated_at(warning.source)}")
+    for warning in caught:  # any other warning a finalizer raised would have been an error too (pyproject)
+        category = "" if issubclass(warning.category, ResourceWarning) else f"{warning.category.__name__}: "
+        leaks.append(f"{category}{warning.message}{_allocated_at(warning.source)}")
     leaks.extend(recorder.messages)
 
 
