@@ -14,7 +14,7 @@ import pytest
 
 from tests.support import BACKENDS, marker
 
-pytest_plugins = ["tests.support.fixtures"]
+pytest_plugins = ["tests.support.fixtures", "tests.support.leaks"]
 
 SLOW_MODULES = frozenset(
     {

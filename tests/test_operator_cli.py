@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import signal
 import sqlite3
 import subprocess
@@ -490,40 +491,72 @@ def test_copy_stops_with_one_line_when_dest_goes_away(tmp_path: Path, capsys: py
 # -- ping: a readiness probe ------------------------------------------------------------------
 
 
+_PAUSING_COPY = """
+import asyncio, os, sys
+from kvstores import _copy
+from kvstores.cli import main
+
+put_group = _copy.Copy._put_group
+
+async def pausing(self, *args):
+    if self.tally.copied:  # a chunk has landed: hold the next write until Ctrl-C cancels the command
+        os.write(int(sys.argv[1]), b"paused")
+        await asyncio.Event().wait()
+    await put_group(self, *args)
+
+_copy.Copy._put_group = pausing
+sys.exit(main(sys.argv[2:]))
+"""
+"""``kvstores copy`` in a child process that holds its second write until it is interrupted, having said so
+on the pipe whose descriptor is its first argument: the test interrupts a copy it knows to be half done."""
+
+
 def test_copy_interrupted_by_sigint_still_ends_with_its_summary(tmp_path: Path) -> None:
     source, dest = tmp_path / "source.db", tmp_path / "dest.db"
 
     async def fill() -> None:
         async with open_store(f"sqlite:///{source}") as store:
-            for batch in range(100):
+            for batch in range(8):
                 keys = [f"k{batch}-{i}" for i in range(1_000)]
                 await store.put_many(keys, [{"i": i} for i in range(1_000)], collection=f"c{batch % 4}")
 
     asyncio.run(fill())
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     environment.pop("KVSTORES_URL", None)
-    with subprocess.Popen(
-        [sys.executable, "-m", "kvstores.cli", "copy", f"sqlite:///{source}", f"sqlite:///{dest}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=environment,
-    ) as child:
-        deadline = time.monotonic() + 60
-        while _rows(dest) == 0 and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        child.send_signal(signal.SIGINT)  # mid-copy: rows have landed, most have not
-        stdout, stderr = child.communicate(timeout=60)
+    paused, pausing = os.pipe()
+    try:
+        with subprocess.Popen(
+            [sys.executable, "-c", _PAUSING_COPY, str(pausing), "copy", f"sqlite:///{source}", f"sqlite:///{dest}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=environment,
+            pass_fds=(pausing,),
+        ) as child:
+            os.close(pausing)
+            pausing = -1
+            try:
+                said = _read_within(paused, 120)
+            finally:
+                child.send_signal(signal.SIGINT)  # mid-copy: one chunk has landed, the next write waits
+                stdout, stderr = child.communicate(timeout=120)
+    finally:
+        os.close(paused)
+        if pausing != -1:
+            os.close(pausing)
+    assert said == b"paused", (said, stdout, stderr)
     lines = stdout.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("copied "), stdout
-    assert lines[0].endswith(" before it was interrupted"), stdout
-    copied = int(lines[0].split()[1])
-    assert 0 < copied < 100_000
-    # the summary counts acknowledged writes; the chunk in flight at the interrupt may have landed too
-    assert copied <= _rows(dest) <= copied + 1_000
+    assert lines == ["copied 1000 entries in 1 collections, skipped 0 before it was interrupted"], stdout
+    assert _rows(dest) == 1_000  # the summary counts the acknowledged writes, and the held one never ran
     assert child.returncode == 130, stderr
     assert stderr.strip() == "kvstores copy: interrupted", stderr
+
+
+def _read_within(descriptor: int, seconds: float) -> bytes:
+    """What the pipe's writer sent first, waiting up to ``seconds`` for it (b"": it closed without a word)."""
+    ready, _, _ = select.select([descriptor], [], [], seconds)
+    return os.read(descriptor, 64) if ready else b""
 
 
 def _rows(path: Path) -> int:
