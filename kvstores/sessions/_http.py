@@ -100,14 +100,6 @@ TERMINATIONS = "sessions"
 _TERMINATION_POLL = 0.5
 """Seconds between two checks of the sessions held, on a kvstores store without a signal channel."""
 
-_TICK = 0.25
-"""Seconds between two looks at the clock for a stall (a freeze shows as a longer gap)."""
-
-_STALL = 3.0
-"""A gap between two looks longer than this is taken as a freeze: every held session is checked again
-(three signal heartbeats: past it a transport may have dropped what was buffered for it; a loaded
-machine's event loop lags less)."""
-
 _RECHECK_BATCH = 500
 """Session records read per round trip when the sessions held are checked after a signal GAP."""
 
@@ -169,15 +161,12 @@ class DurableSessionManager(StreamableHTTPSessionManager):
         self._checked: dict[str, float] = {}  # session id -> monotonic time of its last registry check
         self._digests: dict[str, str] = {}  # _digest(id) -> id of each session held here
         self._closing = False
-        self._last_tick = time.monotonic()
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
         """The SDK manager's ``run()``, also refusing at once the sessions a DELETE ends on another process."""
         try:
             async with super().run():
-                assert self._task_group is not None
-                self._task_group.start_soon(self._watch_for_stalls)
                 stop = await self._watch_terminations()
                 try:
                     yield
@@ -207,7 +196,6 @@ class DurableSessionManager(StreamableHTTPSessionManager):
             _REQUEST_BODY.reset(kept)
 
     async def _handle_session_request(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self._notice_stall()
         session_id = Request(scope).headers.get(MCP_SESSION_ID_HEADER)
         if session_id is None:
             await self._open_session(scope, receive, send)
@@ -337,17 +325,31 @@ class DurableSessionManager(StreamableHTTPSessionManager):
     async def _revalidate(
         self, session_id: str, transport: StreamableHTTPServerTransport, *, now: bool = False
     ) -> Response | None:
-        """Refresh the record once per refresh interval (at once when ``now``, or when this process may
-        have missed a termination); drop the session and return the refusal if it ended elsewhere."""
+        """Read the record before serving a request (a refresh instead, once per refresh interval or when
+        ``now``); drop the session and return the refusal if it ended elsewhere.
+
+        Every request reads it: a DELETE elsewhere has recorded its termination before it answered, so no
+        request sent after that answer is served, whatever the signal channel has delivered yet.
+        """
         last = self._checked.get(session_id)
-        if not now and last is not None and time.monotonic() - last < self.registry.refresh_interval:
-            return None
-        record = await self._refresh(session_id)
+        due = now or last is None or time.monotonic() - last >= self.registry.refresh_interval
+        record = await (self._refresh(session_id) if due else self._read(session_id))
         if record is None or (record is not _GONE and not cast(SessionRecord, record).terminated):
             return None
         logger.info("Session %s was terminated or expired elsewhere; closing it here", _label(session_id))
         self._drop(session_id, transport)
         return _session_not_found()
+
+    async def _read(self, session_id: str) -> SessionRecord | object | None:
+        """Read the record: the record, ``_GONE`` when absent, None when the registry could not say."""
+        try:
+            record = await self.registry.get(session_id)
+        except Exception as exc:
+            logger.warning(
+                "Could not read session %s in the session registry: %s", _label(session_id), _scrubbed(exc, session_id)
+            )
+            return None
+        return _GONE if record is None else record
 
     async def _refresh(self, session_id: str) -> SessionRecord | object | None:
         """Touch the record: the record, ``_GONE`` when absent, None when the registry could not say."""
@@ -362,19 +364,6 @@ class DurableSessionManager(StreamableHTTPSessionManager):
             )
             return None
         return _GONE if record is None else record
-
-    def _notice_stall(self) -> None:
-        """A process that was frozen (SIGSTOP), or whose loop stalled, may have missed terminations:
-        then every session held here reads its record again before it serves another request."""
-        now = time.monotonic()
-        if now - self._last_tick > _STALL:
-            self._checked.clear()
-        self._last_tick = now
-
-    async def _watch_for_stalls(self) -> None:
-        while True:
-            await anyio.sleep(_TICK)
-            self._notice_stall()
 
     # -- bookkeeping ---------------------------------------------------------------------
 
