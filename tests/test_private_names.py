@@ -432,11 +432,6 @@ class Access:
         return f"{self.module}:{self.line}: {self.text}"
 
 
-_SESSIONS = (
-    "the two private modules of kvstores.sessions share its session-id helpers; to be renamed public there"
-    " (issue 38 item 7 left the sessions package to its owner)"
-)
-
 ALLOWED: dict[tuple[str, str], str] = {
     ("kvstores.signals", "getattr(type(store), '_signal_transport', None)"): (
         "BaseStore._signal_transport is a backend hook (base.py: the backend contract): each backend overrides it"
@@ -446,9 +441,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "BaseStore._signal_channel is the slot the base keeps for kvstores.signals.channel() (its aclose()"
         " closes the channel); kvstores.signals is its one writer"
     ),
-    ("kvstores.sessions._http", "from kvstores.sessions._registry import _digest"): _SESSIONS,
-    ("kvstores.sessions._http", "from kvstores.sessions._registry import _label"): _SESSIONS,
-    ("kvstores.sessions._http", "from kvstores.sessions._registry import _scrubbed"): _SESSIONS,
     ("kvstores.backends.sqlite", "db._execute"): (
         "aiosqlite's Connection._execute (kvstores' MySQL and Redis backends have an _execute of their own):"
         " fenced in NAMES above"

@@ -5,7 +5,10 @@ holds the session's id, created and last-seen times, a terminated flag, the nego
 protocol version, the client's ``initialize`` params and its creator's authorization context,
 in the collection :data:`REGISTRY_COLLECTION`, keyed by session id, expiring ``idle_ttl`` after
 its last refresh. Records carry a layout version; one that cannot be read raises
-:class:`SessionRecordError`. Sessions are named in logs and errors by :func:`_label`, never by id.
+:class:`SessionRecordError`. Sessions are named in logs and errors by :func:`label`, never by id.
+
+:func:`label`, :func:`digest` and :func:`scrubbed` are the package's own helpers (not exported by
+:mod:`kvstores.sessions`).
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import contextlib
 import hashlib
 import math
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from kvstores._codec import MAX_TTL_SECONDS
@@ -49,8 +52,11 @@ MAX_REFRESH_INTERVAL = 30.0
 
 _MAX_IDLE_TTL = MAX_TTL_SECONDS - MAX_REFRESH_INTERVAL
 
+_READ_BATCH = 500
+"""Session records read per round trip by :meth:`SessionRegistry.ended`."""
 
-def _label(session_id: str) -> str:
+
+def label(session_id: str) -> str:
     """How kvstores names a session in logs and errors: never the id itself, a bearer-like secret.
 
     The first 12 hex digits of the id's SHA-256: an operator holding the id finds its lines, a
@@ -59,14 +65,14 @@ def _label(session_id: str) -> str:
     return "#" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
-def _digest(session_id: str) -> str:
+def digest(session_id: str) -> str:
     """How a termination signal names a session: the id's SHA-256 (a signal is no place for a secret)."""
     return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _scrubbed(exc: BaseException, session_id: str) -> str:
+def scrubbed(exc: BaseException, session_id: str) -> str:
     """``exc`` as one log line, the session id it may name (a store error names its key) replaced by its label."""
-    return f"{type(exc).__name__}: {exc}".replace(session_id, _label(session_id))
+    return f"{type(exc).__name__}: {exc}".replace(session_id, label(session_id))
 
 
 class SessionRecordError(DeserializationError):
@@ -110,7 +116,7 @@ class SessionRecord:
         version = stored.get("v")
         if version != RECORD_VERSION:
             raise SessionRecordError(
-                f"session record {_label(session_id)} has layout version {version!r}; this kvstores reads "
+                f"session record {label(session_id)} has layout version {version!r}; this kvstores reads "
                 f"version {RECORD_VERSION} (was it written by another kvstores version?)"
             )
         try:
@@ -124,10 +130,10 @@ class SessionRecord:
                 owner=_typed(stored, "owner", (dict, type(None))),
             )
         except (KeyError, TypeError) as exc:
-            raise SessionRecordError(f"session record {_label(session_id)} is corrupt: {exc}") from exc
+            raise SessionRecordError(f"session record {label(session_id)} is corrupt: {exc}") from exc
         if record.session_id != session_id:
             raise SessionRecordError(
-                f"session record {_label(session_id)} is corrupt: it names {_label(record.session_id)}"
+                f"session record {label(session_id)} is corrupt: it names {label(record.session_id)}"
             )
         return record
 
@@ -213,11 +219,27 @@ class SessionRegistry:
             if old is None:
                 return None
             record = SessionRecord.from_json(session_id, old)
-            return old if record.terminated else {**old, "seen": now}
+            return old if record.terminated else replace(record, seen=now).to_json()
 
         with _readable(session_id):
             stored = await self._atomic.update(session_id, refreshed, collection=self.collection, ttl=self.record_ttl)
         return None if stored is None else SessionRecord.from_json(session_id, stored)
+
+    async def ended(self, session_ids: Sequence[str]) -> set[str]:
+        """Those of ``session_ids`` whose record is terminated or gone (one ``get_many`` per 500 ids).
+
+        An unreadable record is not counted: the session's next request reads it and answers 500.
+        """
+        ended: set[str] = set()
+        for start in range(0, len(session_ids), _READ_BATCH):
+            batch = session_ids[start : start + _READ_BATCH]
+            for session_id, stored in zip(batch, await self.store.get_many(batch, collection=self.collection)):
+                try:
+                    if stored is None or SessionRecord.from_json(session_id, stored).terminated:
+                        ended.add(session_id)
+                except SessionRecordError:
+                    continue
+        return ended
 
     async def terminate(self, session_id: str) -> None:
         """Mark ``session_id`` terminated (a tombstone that lives ``record_ttl``), whatever was recorded."""
@@ -230,7 +252,7 @@ class SessionRegistry:
                 record = None  # an unreadable record is replaced: the client's DELETE wins
             if record is None:
                 record = SessionRecord(session_id, now, now, True, None, None, None)
-            return {**record.to_json(), "terminated": True, "seen": now}
+            return replace(record, terminated=True, seen=now).to_json()
 
         try:
             await self._atomic.update(session_id, tombstone, collection=self.collection, ttl=self.record_ttl)
@@ -247,6 +269,4 @@ def _readable(session_id: str) -> Iterator[None]:
     except SessionRecordError:
         raise
     except DeserializationError as exc:
-        raise SessionRecordError(
-            f"session record {_label(session_id)} is corrupt: {_scrubbed(exc, session_id)}"
-        ) from exc
+        raise SessionRecordError(f"session record {label(session_id)} is corrupt: {scrubbed(exc, session_id)}") from exc

@@ -1,0 +1,198 @@
+"""Termination everywhere: a DELETE's session refused by every process once the DELETE has answered.
+
+The mechanism, written once:
+
+- **The record decides.** A DELETE writes a tombstone into the session's registry record before
+  its response is sent (:meth:`Terminations.record`), and every process reads a held session's
+  record before it serves a request of it (:meth:`Terminations.ended`: a ``get``, or once per
+  ``refresh_interval`` the ``touch`` that keeps the record alive). So no request sent after the
+  DELETE's answer is served anywhere, whatever any signal did. A registry that cannot be read
+  leaves the session served (logged): an outage is not a termination.
+- **The signal is a doorbell.** After the DELETE the process announces it on the store's signal
+  channel :data:`TERMINATIONS` (the id's SHA-256), so that every process holding the session
+  drops it at once and ends its open streams; after a signal GAP each re-reads the records of
+  the sessions it holds (:meth:`SessionRegistry.ended`), and a kvstores store without a signal
+  transport is re-read every :data:`_POLL` seconds. A missed signal costs an open stream some
+  time, never a refusal.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from kvstores.base import BaseStore
+from kvstores.sessions._registry import SessionRecord, SessionRegistry, digest, label, scrubbed
+from kvstores.signals import SignalChannel
+from kvstores.signals import channel as signals_channel
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
+__all__ = ["TERMINATIONS", "Terminations"]
+
+logger = logging.getLogger("kvstores.sessions")  # the public name, whatever module logs
+
+TERMINATIONS = "sessions"
+"""The signal channel (kvstores.signals) on which a DELETE names its session (by the SHA-256 of its id)."""
+
+BOOKKEEPING_TIMEOUT = 10.0
+"""Seconds shielded registry bookkeeping may take after a request before it is given up."""
+
+_POLL = 0.5
+"""Seconds between two checks of the sessions held, on a kvstores store without a signal channel."""
+
+_GONE = object()
+"""What a read returns when the registry has no record of the session (expired or never written)."""
+
+
+class Terminations:
+    """Records, announces and watches for the end of the sessions this process holds.
+
+    ``held`` is the process's table of live sessions (id -> transport, read only here) and
+    ``drop(session_id)`` forgets one of them and ends its transport.
+    """
+
+    def __init__(self, registry: SessionRegistry, held: Mapping[str, Any], drop: Callable[[str], None]) -> None:
+        self.registry = registry
+        self.held = held
+        self.drop = drop
+        self._checked: dict[str, float] = {}  # session id -> monotonic time of its last refresh
+        self._digests: dict[str, str] = {}  # digest(id) -> id of each session held here
+        self._tasks: TaskGroup | None = None
+
+    def hold(self, session_id: str) -> None:
+        """``session_id`` is served here from now on (its record was just written or read)."""
+        self._checked[session_id] = time.monotonic()
+        self._digests[digest(session_id)] = session_id
+
+    def release(self, session_id: str) -> None:
+        """``session_id`` is no longer served here."""
+        self._checked.pop(session_id, None)
+        self._digests.pop(digest(session_id), None)
+
+    # -- before each request -------------------------------------------------------------
+
+    async def ended(self, session_id: str, *, now: bool = False) -> bool:
+        """True (and the session dropped here) when its record says it ended or is gone.
+
+        Reads the record, or refreshes it once per refresh interval (at once when ``now``).
+        """
+        last = self._checked.get(session_id)
+        due = now or last is None or time.monotonic() - last >= self.registry.refresh_interval
+        record = await (self._refresh(session_id) if due else self._read(session_id))
+        if record is None or (isinstance(record, SessionRecord) and not record.terminated):
+            return False
+        logger.info("Session %s was terminated or expired elsewhere; closing it here", label(session_id))
+        self.drop(session_id)
+        return True
+
+    async def _read(self, session_id: str) -> SessionRecord | object | None:
+        """The record, ``_GONE`` when absent, None when the registry could not say."""
+        try:
+            record = await self.registry.get(session_id)
+        except Exception as exc:
+            logger.warning(
+                "Could not read session %s in the session registry: %s", label(session_id), scrubbed(exc, session_id)
+            )
+            return None
+        return _GONE if record is None else record
+
+    async def _refresh(self, session_id: str) -> SessionRecord | object | None:
+        """Touch the record: the record, ``_GONE`` when absent, None when the registry could not say."""
+        self._checked[session_id] = time.monotonic()
+        try:
+            record = await self.registry.touch(session_id)
+        except Exception as exc:
+            logger.warning(
+                "Could not refresh session %s in the session registry: %s", label(session_id), scrubbed(exc, session_id)
+            )
+            return None
+        return _GONE if record is None else record
+
+    # -- recording and announcing ------------------------------------------------------------
+
+    async def record(self, session_id: str, *, announce: bool = True) -> bool:
+        """Record (and announce) that ``session_id`` ended; False (logged) when the registry could not record it."""
+        try:
+            with anyio.CancelScope(shield=True), anyio.fail_after(BOOKKEEPING_TIMEOUT):
+                await self.registry.terminate(session_id)
+        except Exception as exc:
+            logger.error(
+                "Could not record the termination of session %s: %s", label(session_id), scrubbed(exc, session_id)
+            )
+            return False
+        if announce:
+            await self.announce(session_id)
+        return True
+
+    async def announce(self, session_id: str) -> None:
+        """Ring the doorbell: every process holding ``session_id`` drops it now rather than at its next request."""
+        signals = self._channel()
+        if signals is None:
+            return
+        try:
+            with anyio.CancelScope(shield=True), anyio.fail_after(BOOKKEEPING_TIMEOUT):
+                await signals.publish(TERMINATIONS, digest(session_id))
+        except Exception as exc:
+            logger.warning(
+                "Could not announce the termination of session %s (%s); processes holding it refuse it "
+                "at its next request, and drop it after a signal gap",
+                label(session_id),
+                scrubbed(exc, session_id),
+            )
+
+    # -- watching -----------------------------------------------------------------------------
+
+    async def watch(self, tasks: TaskGroup) -> Callable[[], None]:
+        """Drop held sessions as other processes end them (tasks in ``tasks``); return what stops watching."""
+        self._tasks = tasks
+        signals = self._channel()
+        if signals is not None:
+            try:
+                return await signals.listen(TERMINATIONS, self._terminated_elsewhere, self._recheck_soon)
+            except Exception as exc:
+                logger.warning("Cannot listen for session terminations (%s); polling the registry instead", exc)
+        if signals is not None or isinstance(self.registry.store, BaseStore):
+            tasks.start_soon(self._poll)
+        return lambda: None
+
+    def _channel(self) -> SignalChannel | None:
+        """The registry store's signal channel; None for a store without one (not one of kvstores' own)."""
+        try:
+            return signals_channel(self.registry.store)
+        except TypeError:
+            return None
+
+    def _terminated_elsewhere(self, named: str) -> None:
+        """A DELETE somewhere ended the session whose digest is ``named``: if it is held here, drop it."""
+        session_id = self._digests.get(named)
+        if session_id is not None and session_id in self.held:
+            logger.info("Session %s was terminated on another process; closing it here", label(session_id))
+            self.drop(session_id)
+
+    def _recheck_soon(self) -> None:
+        """Termination signals may have been lost: read the records of the sessions held."""
+        if self._tasks is not None:
+            self._tasks.start_soon(self._recheck_held)
+
+    async def _poll(self) -> None:
+        while True:
+            await anyio.sleep(_POLL)
+            await self._recheck_held()
+
+    async def _recheck_held(self) -> None:
+        """Drop each held session whose record is terminated or gone."""
+        try:
+            ended = await self.registry.ended(list(self.held))
+        except Exception as exc:
+            logger.warning("Could not check the sessions held against the session registry: %s", type(exc).__name__)
+            return
+        for session_id in ended:
+            if session_id in self.held:
+                logger.info("Session %s was terminated or expired elsewhere; closing it here", label(session_id))
+                self.drop(session_id)
