@@ -316,9 +316,11 @@ async def test_a_thawed_runner_never_reaches_a_stream_answered_for_it(stores: tu
     store, peer_store = stores
     runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
     cancelled: list[str] = []
+    gave_up = asyncio.Event()
 
     async def cancel() -> None:
         cancelled.append("9")
+        gave_up.set()
 
     first = await runner.append("9", None, request_id="9", on_fence=cancel)
     note = await runner.store_event("9", notification(1))
@@ -331,7 +333,7 @@ async def test_a_thawed_runner_never_reaches_a_stream_answered_for_it(stores: tu
     # Thawed: the runner goes on, and learns at its next event that its lease lapsed.
     await runner.store_event("9", notification(2))
     await runner.store_event("9", _final(9))
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(gave_up.wait(), 5)
     assert cancelled == ["9"]
     for reader in (follower, runner, StoreEventStore(peer_store)):
         for position, anchor in enumerate((first, note, end)):
@@ -350,9 +352,11 @@ async def test_events_written_before_the_runner_learns_are_never_delivered(
     store, peer_store = stores
     runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
     cancelled: list[int] = []
+    gave_up = asyncio.Event()
 
     async def cancel() -> None:
         cancelled.append(1)
+        gave_up.set()
 
     first = await runner.append("4", None, request_id=4, on_fence=cancel)
     note = await runner.store_event("4", notification(1))
@@ -367,8 +371,9 @@ async def test_events_written_before_the_runner_learns_are_never_delivered(
     assert late[0] == _sibling(first, 2)  # the id of the record that ends the stream: nothing follows it
     assert (await replay(StoreEventStore(peer_store), late[0]))[1].ids == []
     assert (await replay(StoreEventStore(peer_store), late[1]))[1].ids == [late[0]]  # an id the end voided
+    assert cancelled == []
     runner._liveness.hold()  # its next renewal reads the stream's end
-    await asyncio.sleep(0.3)
+    await asyncio.wait_for(gave_up.wait(), 5)
     assert cancelled == [1]
     await runner.store_event("4", _final(4))  # the cancelled request's answer: refused
     assert (await replay(runner, note))[1].ids == [_sibling(first, 2)]
