@@ -1,6 +1,6 @@
-"""Leases: one holder at a time for a stored record, fenced by a token, that survive the store's absence.
+"""Leases: one holder at a time, fenced, that survive the store's absence: of a stored record, or a presence.
 
-The mechanism, written once (background tasks use it; see :mod:`kvstores.tasks._engine`):
+The mechanism, written once. Record leases (background tasks use them; see :mod:`kvstores.tasks._engine`):
 
 - **Where it lives.** A lease is a field of the record it guards, ``{holder, token, expires}``,
   beside the record's fencing counter. Every change to it is one ``AtomicStore.update`` of that
@@ -163,7 +163,7 @@ class PresenceLease:
         self.until = started + self.length
 
 
-class RenewalFailed(KVStoreError):
+class RenewalFailed(Exception):
     """Raised by a ``renew`` that could not reach the store and reported it itself: :func:`keep` retries quietly."""
 
 
