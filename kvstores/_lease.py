@@ -1,6 +1,6 @@
-"""Leases: one holder at a time for a stored record, fenced by a token, that survive the store's absence.
+"""Leases: one holder at a time, fenced, that survive the store's absence: of a stored record, or a presence.
 
-The mechanism, written once (background tasks use it; see :mod:`kvstores.tasks._engine`):
+The mechanism, written once. Record leases (background tasks use them; see :mod:`kvstores.tasks._engine`):
 
 - **Where it lives.** A lease is a field of the record it guards, ``{holder, token, expires}``,
   beside the record's fencing counter. Every change to it is one ``AtomicStore.update`` of that
@@ -23,6 +23,23 @@ The mechanism, written once (background tasks use it; see :mod:`kvstores.tasks._
   seconds, with no store error of its own in between (:class:`LapseWatch`). That window is
   longer than the holder's renewal retry, so a live holder renews first and the claimer sees a
   new expiry. A dead holder's record is claimed within ``lease + confirm_after + one scan``.
+
+Presence leases (a process's liveness; live event streams use one, see :mod:`kvstores.events`):
+
+- **Where it lives.** A key of its own that the holder re-puts with the lease's length as its
+  TTL (:class:`PresenceLease`): held while the key is there. There is no counter: what the
+  holder guards is fenced by a write-once record instead (below).
+- **Claim and renew** are the same ``put``: the first is made at once, then one every
+  ``every`` seconds through :func:`keep` (``at_once``), retried through an outage as above.
+- **Expiry, both sides.** Whoever reads the key missing (for a grace: a put may lag) may act for
+  the holder. The holder counts its own lease lapsed once no renewal has *returned* for the
+  lease's length (a monotonic clock, from the start of the last renewal that returned), which is
+  never later than the key's expiry: a holder that froze or lost the store knows it may have
+  been acted for, and stops writing.
+- **Fenced writes.** Both sides race to write the guarded work's end with ``put_if_absent``
+  (one record, written once) and every reader applies that record over whatever else is
+  stored, so a holder that thawed late changes nothing anyone reads. Releasing is not needed:
+  the key expires once renewals stop.
 """
 
 from __future__ import annotations
@@ -35,8 +52,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstores.errors import KVStoreError
+from kvstores.protocol import AsyncKeyValue
 
-__all__ = ["Lease", "LapseWatch", "confirm_after", "keep", "retry_interval"]
+__all__ = ["Lease", "LapseWatch", "PresenceLease", "RenewalFailed", "confirm_after", "keep", "retry_interval"]
 
 logger = logging.getLogger("kvstores.lease")
 
@@ -112,22 +130,72 @@ class LapseWatch:
         self._seen.pop(item, None)
 
 
-async def keep(renew: Callable[[], Awaitable[bool]], length: float, *, name: str) -> None:
-    """Renew a lease every third of ``length`` until it is lost; return when it is.
+class PresenceLease:
+    """A holder's liveness as one key it re-puts with a TTL (the presence leases above)."""
+
+    def __init__(
+        self,
+        store: AsyncKeyValue,
+        key: str,
+        value: Mapping[str, Any],
+        length: float,
+        *,
+        collection: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store, self.key, self.value, self.length, self.collection = store, key, value, length, collection
+        self._clock = clock
+        self.until = 0.0
+        """The clock's time from which the holder counts its lease lapsed."""
+
+    def start(self) -> None:
+        """A new lease: held for its length from now (its first put is on its way)."""
+        self.until = self._clock() + self.length
+
+    def lapsed(self, now: float) -> bool:
+        """True when no renewal returned for the lease's length before ``now`` (the clock's time)."""
+        return now > self.until
+
+    async def renew(self) -> None:
+        """Put the key with the lease's length as TTL; once that returned, the lease holds that long from the start."""
+        started = self._clock()
+        await self.store.put(self.key, self.value, collection=self.collection, ttl=self.length)
+        self.until = started + self.length
+
+
+class RenewalFailed(Exception):
+    """Raised by a ``renew`` that could not reach the store and reported it itself: :func:`keep` retries quietly."""
+
+
+async def keep(
+    renew: Callable[[], Awaitable[bool]],
+    length: float,
+    *,
+    name: str,
+    every: float | None = None,
+    at_once: bool = False,
+) -> None:
+    """Renew a lease every third of ``length`` (or every ``every`` seconds) until it is lost; return when it is.
 
     ``renew()`` is the holder's fenced renewal: False when the lease is no longer held. A renewal
     that fails because the store cannot be reached is retried every :func:`retry_interval`
-    seconds (the lease may outlive the outage: nobody can claim while the store is down).
+    seconds (at most ``every``): the lease may outlive the outage, as nobody can claim while the
+    store is down. ``at_once``: the first renewal is made before the first wait (a presence
+    lease's claim).
     """
-    interval = length / 3
-    delay = interval
+    interval = length / 3 if every is None else every
+    retry = min(interval, retry_interval(length))
+    delay = 0.0 if at_once else interval
     while True:
         await asyncio.sleep(delay)
         try:
             held = await renew()
+        except RenewalFailed:
+            delay = retry
+            continue
         except (KVStoreError, OSError, TimeoutError) as exc:
             logger.warning("lease: renewing %s failed (%s); retrying", name, exc)
-            delay = retry_interval(length)
+            delay = retry
             continue
         if not held:
             return

@@ -13,16 +13,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from mcp import types
 from mcp.server.streamable_http import EventStore
 
 from kvstores.backends.memory import MemoryStore
-from kvstores.conformance.events import EventStoreConformance, notification, replay
+from kvstores.conformance.events import EventStoreConformance, notification, replay, wire
 from kvstores.events import (
     DEFAULT_MAX_STREAMS,
     EVENTS_COLLECTION,
     InMemoryEventStore,
     StoreEventStore,
 )
+from kvstores.events._ring import EventRecord, EventRecordError
 from tests.support.events import FlakyStore
 
 pytestmark = pytest.mark.anyio
@@ -155,6 +157,47 @@ async def test_store_over_memory_replays_every_event_from_its_own_memory() -> No
         await bounded.store_event("s", notification(i))
     stream_id, sent = await replay(bounded, first)
     assert (stream_id, len(sent.events), reads) == ("s", 99, 1)
+
+
+async def test_store_entries_keep_their_stored_layout(store: Any) -> None:
+    """What is stored is what earlier releases stored and read: the typed records change no key or field."""
+    events = StoreEventStore(store)
+    priming = await events.store_event("s", None)
+    await events.store_event("s", notification(1))
+    token = priming.split("-")[0]
+    stored = await store.get_many([f"{token}:0", f"{token}:1"], collection=EVENTS_COLLECTION)
+    assert stored == [
+        {"seq": 0, "stream": "s", "message": None},
+        {"seq": 1, "stream": "s", "kind": "JSONRPCNotification", "message": wire(notification(1))},
+    ]
+    live = StoreEventStore(store, live=True)
+    first = await live.append("7", None, request_id="007")
+    token = first.split("-")[0]
+    entry = await store.get(f"{token}:0", collection=EVENTS_COLLECTION)
+    assert entry == {"seq": 0, "stream": "7", "message": None, "id": "007", "replica": live.replica}
+    lease = None
+    while lease is None:  # the lease's first put runs in the background
+        await asyncio.sleep(0.01)
+        lease = await store.get(f"replica:{live.replica}", collection=EVENTS_COLLECTION)
+    assert lease == {"replica": live.replica}
+    await live.store_event("7", types.JSONRPCResponse(jsonrpc="2.0", id="007", result={}))
+
+
+def test_event_records_round_trip_and_refuse_what_they_cannot_read() -> None:
+    record = EventRecord.of(3, "s", notification(3), 12, "r1")
+    assert EventRecord.from_json(record.to_json()) == record
+    assert record.decode() == notification(3) and not record.final
+    end = EventRecord.end(4, "s", 12, "stopped", "r1")
+    assert end.final and EventRecord.from_json(end.to_json()) == end
+    for corrupt in (
+        {**record.to_json(), "v": 2},
+        {**record.to_json(), "seq": "3"},
+        {**record.to_json(), "kind": "NotAMessage"},
+        {"seq": 3, "stream": "s", "kind": "JSONRPCNotification"},
+        {"stream": "s", "message": None},
+    ):
+        with pytest.raises(EventRecordError):
+            EventRecord.from_json(corrupt)
 
 
 async def test_store_keeps_a_bounded_ring_per_stream(store: Any) -> None:

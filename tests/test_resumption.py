@@ -28,8 +28,10 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http import EventMessage, EventStore
 from starlette.applications import Starlette
 
+import kvstores.events._follow
 import kvstores.events._handover
-import kvstores.events._store
+import kvstores.events._liveness
+import kvstores.events._ring
 import kvstores.signals
 from kvstores import MemoryStore, open_store
 from kvstores.conformance.events import notification, replay, wire
@@ -252,16 +254,16 @@ async def test_a_follower_answers_for_a_runner_that_died(
     stores: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, peer_store = stores
-    monkeypatch.setattr(kvstores.events._store, "LEASE_TTL", SHORT_LEASE)
-    monkeypatch.setattr(kvstores.events._store, "LEASE_REFRESH", 0.1)
+    monkeypatch.setattr(kvstores.events._liveness, "LEASE_TTL", SHORT_LEASE)
+    monkeypatch.setattr(kvstores.events._liveness, "LEASE_REFRESH", 0.1)
     runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
     first = await runner.store_event("12", None)
     note = await runner.store_event("12", notification(1))
     task, sent = await _follow(follower, first)
     await asyncio.sleep(1.0)
     assert not task.done()  # the runner renews its lease: the call goes on
-    assert runner._lease is not None
-    runner._lease.cancel()  # the runner dies: its lease is not renewed any more
+    assert runner._liveness.renewing is not None
+    runner._liveness.renewing.cancel()  # the runner dies: its lease is not renewed any more
     died = time.monotonic()
     assert await asyncio.wait_for(task, 5) is None
     assert time.monotonic() - died < SHORT_LEASE + 1.5  # the lease, the grace, a poll and the terminal record's write
@@ -273,7 +275,7 @@ async def test_a_follower_answers_for_a_runner_that_died(
 
 async def test_a_follower_never_skips_a_lost_event(stores: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     store, peer_store = stores
-    monkeypatch.setattr(kvstores.events._store, "_HOLE_GRACE", 0.2)
+    monkeypatch.setattr(kvstores.events._follow, "_HOLE_GRACE", 0.2)
     flaky = FlakyStore(store)
     runner, follower = StoreEventStore(flaky, live=True), StoreEventStore(peer_store)
     first = await runner.store_event("s1", None)
@@ -296,15 +298,15 @@ def _sibling(event_id: str, seq: int) -> str:
 
 async def _freeze(runner: StoreEventStore) -> None:
     """The runner's process stops: its lease is renewed no more (a cancel that lands inside a put may be lost)."""
-    while runner._lease is not None and not runner._lease.done():
-        runner._lease.cancel()
+    while (renewing := runner._liveness.renewing) is not None and not renewing.done():
+        renewing.cancel()
         await asyncio.sleep(0.01)
 
 
 @pytest.fixture
 def short_lease(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kvstores.events._store, "LEASE_TTL", SHORT_LEASE)
-    monkeypatch.setattr(kvstores.events._store, "LEASE_REFRESH", 0.1)
+    monkeypatch.setattr(kvstores.events._liveness, "LEASE_TTL", SHORT_LEASE)
+    monkeypatch.setattr(kvstores.events._liveness, "LEASE_REFRESH", 0.1)
 
 
 @pytest.mark.usefixtures("short_lease")
@@ -314,9 +316,11 @@ async def test_a_thawed_runner_never_reaches_a_stream_answered_for_it(stores: tu
     store, peer_store = stores
     runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
     cancelled: list[str] = []
+    gave_up = asyncio.Event()
 
     async def cancel() -> None:
         cancelled.append("9")
+        gave_up.set()
 
     first = await runner.append("9", None, request_id="9", on_fence=cancel)
     note = await runner.store_event("9", notification(1))
@@ -329,7 +333,7 @@ async def test_a_thawed_runner_never_reaches_a_stream_answered_for_it(stores: tu
     # Thawed: the runner goes on, and learns at its next event that its lease lapsed.
     await runner.store_event("9", notification(2))
     await runner.store_event("9", _final(9))
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(gave_up.wait(), 5)
     assert cancelled == ["9"]
     for reader in (follower, runner, StoreEventStore(peer_store)):
         for position, anchor in enumerate((first, note, end)):
@@ -348,9 +352,11 @@ async def test_events_written_before_the_runner_learns_are_never_delivered(
     store, peer_store = stores
     runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
     cancelled: list[int] = []
+    gave_up = asyncio.Event()
 
     async def cancel() -> None:
         cancelled.append(1)
+        gave_up.set()
 
     first = await runner.append("4", None, request_id=4, on_fence=cancel)
     note = await runner.store_event("4", notification(1))
@@ -358,15 +364,16 @@ async def test_events_written_before_the_runner_learns_are_never_delivered(
     await _freeze(runner)
     assert await asyncio.wait_for(task, 5) is None
     with monkeypatch.context() as stalled:  # it has not noticed yet, nor renewed its lease: these are written
-        stalled.setattr(runner, "_keep_lease", lambda: None)
-        runner._lease_until = math.inf
+        stalled.setattr(runner._liveness, "hold", lambda: None)
+        runner._liveness.lease.until = math.inf
         late = [await runner.store_event("4", notification(2)), await runner.store_event("4", notification(3))]
     assert (await replay(StoreEventStore(peer_store), first))[1].ids == [note, _sibling(first, 2)]
     assert late[0] == _sibling(first, 2)  # the id of the record that ends the stream: nothing follows it
     assert (await replay(StoreEventStore(peer_store), late[0]))[1].ids == []
     assert (await replay(StoreEventStore(peer_store), late[1]))[1].ids == [late[0]]  # an id the end voided
-    runner._keep_lease()  # its next renewal reads the stream's end
-    await asyncio.sleep(0.3)
+    assert cancelled == []
+    runner._liveness.hold()  # its next renewal reads the stream's end
+    await asyncio.wait_for(gave_up.wait(), 5)
     assert cancelled == [1]
     await runner.store_event("4", _final(4))  # the cancelled request's answer: refused
     assert (await replay(runner, note))[1].ids == [_sibling(first, 2)]
@@ -394,7 +401,7 @@ async def test_a_resumption_from_the_end_of_a_stream_ends_when_the_runner_stored
     assert await asyncio.wait_for(task, 5) is None
     end = _sibling(first, 2)
     assert sent.ids == [note, end]
-    runner._lease_until = math.inf  # the put in flight at the freeze: it lands once thawed
+    runner._liveness.lease.until = math.inf  # the put in flight at the freeze: it lands once thawed
     assert await runner.store_event("5", notification(2)) == end
     await asyncio.wait_for(gave_up.wait(), 5)  # its next lease renewal reads the stream's end
     for reader in (follower, runner, StoreEventStore(peer_store)):
@@ -415,7 +422,7 @@ async def test_the_answer_comes_in_time_while_a_frozen_process_holds_the_sqlite_
         runner, follower = StoreEventStore(store, live=True), StoreEventStore(peer_store)
         first = await runner.append("3", None, request_id="003")
         note = await runner.store_event("3", notification(1))
-        await follower._listen()  # a replica listens from its first follow on, long before this one
+        await follower._signals.listen()  # a replica listens from its first follow on, long before this one
         assert await peer_store.get("opened", collection="elsewhere") is None  # and has its store open
         await _freeze(runner)
         frozen = time.monotonic()
@@ -435,7 +442,7 @@ async def test_the_answer_comes_in_time_while_a_frozen_process_holds_the_sqlite_
         await asyncio.sleep(0.3)
         resumed = (await replay(StoreEventStore(peer_store), first))[1]
         assert resumed.ids == [note, _sibling(first, 2)]
-        assert resumed.messages[-1] == wire(kvstores.events._store._error("003", kvstores.events.STOPPED_MESSAGE))
+        assert resumed.messages[-1] == wire(kvstores.events._ring.error("003", kvstores.events.STOPPED_MESSAGE))
         await kvstores.signals.channel(store).aclose()
         await kvstores.signals.channel(peer_store).aclose()
 

@@ -20,7 +20,7 @@ import anyio
 import httpx
 import pytest
 
-import kvstores.events._store
+import kvstores.events._liveness
 from kvstores import MemoryStore, open_store
 from kvstores.events import STOPPED_MESSAGE, StoreEventStore
 from kvstores.sessions import (
@@ -381,8 +381,8 @@ SENT_IDS: list[int | str] = ["2001", "007", 2001, 2**63 + 5, "123456789012345678
 async def test_a_follower_answers_with_the_request_id_as_sent(monkeypatch: pytest.MonkeyPatch) -> None:
     """The error a follower (another process) sends for a request whose runner stopped carries the request's
     id exactly as the client sent it: same JSON type, same value."""
-    monkeypatch.setattr(kvstores.events._store, "LEASE_TTL", 0.4)
-    monkeypatch.setattr(kvstores.events._store, "LEASE_REFRESH", 0.1)
+    monkeypatch.setattr(kvstores.events._liveness, "LEASE_TTL", 0.4)
+    monkeypatch.setattr(kvstores.events._liveness, "LEASE_REFRESH", 0.1)
     store = MemoryStore()
     runner = StoreEventStore(store)
     async with (
@@ -394,8 +394,9 @@ async def test_a_follower_answers_with_the_request_id_as_sent(monkeypatch: pytes
         for sent in SENT_IDS:
             async with session.call(sent, "hold", {}) as response:
                 priming = await anext(sse_events(response))  # then the client's connection drops
-            while runner._lease is not None and not runner._lease.done():  # the runner stops renewing its lease
-                runner._lease.cancel()
+            # The runner stops renewing its lease.
+            while (renewing := runner._liveness.renewing) is not None and not renewing.done():
+                renewing.cancel()
                 await asyncio.sleep(0.01)
             async with http.stream("GET", b, headers=session.headers(**{"last-event-id": priming["id"]})) as response:
                 answers = [json.loads(event["data"]) async for event in sse_events(response) if event.get("data")]

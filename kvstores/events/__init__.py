@@ -51,8 +51,11 @@ session: there, sessions in flight at once that reuse a request id share that st
 with the SDK's own example store. Wrap the store per session to isolate them.
 
 The package's modules: ``_handover`` (event ids, streams in memory and the live handover, shared
-by both stores), ``_memory`` (:class:`InMemoryEventStore`) and ``_store`` (:class:`StoreEventStore`
-and its follower).
+by both stores), ``_memory`` (:class:`InMemoryEventStore`), ``_store`` (:class:`StoreEventStore`)
+and the rooms of StoreEventStore, each with its mechanism in its docstring: ``_ring`` (the layout
+in the store and its records), ``_liveness`` (a live process's lease and the requests it gives
+up), ``_signals`` (how replicas wake each other) and ``_follow`` (following another replica's
+stream).
 """
 
 from kvstores._optional import missing_extra
@@ -62,19 +65,13 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("mcp", "mcp") from exc
 
+from kvstores.events._follow import FOLLOW_POLL, UNSETTLED_MESSAGE
 from kvstores.events._handover import DEFAULT_MAX_EVENTS_PER_STREAM, DEFAULT_MAX_STREAMS, DEFAULT_TTL, HANDOVER_TIMEOUT
+from kvstores.events._liveness import LEASE_REFRESH, LEASE_TTL
 from kvstores.events._memory import InMemoryEventStore
-from kvstores.events._store import (
-    DEFAULT_CACHE_EVENTS_PER_STREAM,
-    EVENTS_COLLECTION,
-    FOLLOW_POLL,
-    LEASE_REFRESH,
-    LEASE_TTL,
-    SIGNALS,
-    STOPPED_MESSAGE,
-    UNSETTLED_MESSAGE,
-    StoreEventStore,
-)
+from kvstores.events._ring import EVENTS_COLLECTION, STOPPED_MESSAGE
+from kvstores.events._signals import SIGNALS
+from kvstores.events._store import DEFAULT_CACHE_EVENTS_PER_STREAM, StoreEventStore
 
 __all__ = [
     "DEFAULT_CACHE_EVENTS_PER_STREAM",
