@@ -66,12 +66,12 @@ async def test_a_killed_workers_task_runs_again_under_steady_submits(
 async def test_a_task_longer_than_its_ttl_runs_again_when_its_worker_dies(
     backend: Backend, namespace: str, tmp_path: Path
 ) -> None:
-    servers = task_servers(backend, namespace, tmp_path, 2, "--lease", "1.5", "--ttl", "6")
+    servers = task_servers(backend, namespace, tmp_path, 2, "--lease", "1.5", "--ttl", "10")
     for server in servers:
         server.start()
     async with replicas(servers) as wires:
         task_id = await _start(wires[0], "counted", {"seconds": 60}, "outlives-ttl")
-        await asyncio.sleep(8)  # past the TTL the task was submitted with: renewals must have kept it queued
+        await asyncio.sleep(11)  # past the TTL the task was submitted with: renewals must have kept it queued
         assert (await wires[0].get(task_id))["result"]["status"] == "working"
         running = await _running_on(wires, servers, "outlives-ttl")
         servers[running].signal(signal.SIGKILL)
