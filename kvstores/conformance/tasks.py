@@ -23,7 +23,10 @@ import asyncio
 import time
 from typing import Any, ClassVar
 
+import pytest
+
 from kvstores.conformance._base import StoreConformance, requires
+from kvstores.errors import SerializationError
 from kvstores.loop import wait_event
 from kvstores.tasks._engine import Claim, TaskEngine
 from kvstores.tasks._record import TaskRecord, TaskState
@@ -112,6 +115,14 @@ class TaskEngineConformance(StoreConformance):
         assert await engine.all_refs() == [record.ref]
         assert record.ref not in await engine.runnable()
         assert not await engine.cancel(record.id, "principal-b")
+
+    @requires("atomic", "keys")
+    async def test_tasks_a_refused_submit_leaves_nothing(self, store: Any) -> None:
+        engine = TaskEngine(store)
+        with pytest.raises(SerializationError):
+            await _submit(engine, arguments={"n": float("nan")})
+        assert await engine.runnable() == [], "a refused submit must leave no queue entry"
+        assert await engine.all_refs() == []
 
     @requires("atomic", "keys")
     async def test_tasks_declined_changes_write_nothing(self, store: Any) -> None:
