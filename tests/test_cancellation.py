@@ -22,7 +22,7 @@ from fastmcp.utilities.tasks import TASKS_EXTENSION_ID
 
 from kvstores import open_store
 from kvstores.loop import stop, wait_event
-from kvstores.tasks import StoreTasks
+from kvstores.tasks import StoreTasks, TaskRecord, TaskState
 from tests.support import Backend
 from tests.support.fixtures import rows
 from tests.support.tasks import ROOT, build_server
@@ -39,8 +39,11 @@ async def _submit(extension: StoreTasks, text: str) -> str:
     record = await extension.engine.submit(
         tool="echo", version=None, arguments={"text": text}, scope=None, caller=_CALLER, poll_interval_ms=50, rerun=True
     )
-    task_id: str = record["id"]
-    return task_id
+    return record.id
+
+
+def _completed(record: TaskRecord | None) -> bool:
+    return record is not None and record.state is TaskState.COMPLETED
 
 
 def _workers() -> list[asyncio.Task[Any]]:
@@ -61,7 +64,7 @@ async def test_leaving_the_lifespan_with_two_tasks_just_submitted_returns_and_st
             warm_up = await _submit(extension, "warm-up")
             # the worker ran it and has nothing left to do: it waits for its next wake-up
             until = time.monotonic() + BOUND
-            while (await extension.engine.read(warm_up, None) or {}).get("state") != "completed" or worker.running:
+            while not _completed(await extension.engine.read(warm_up, None)) or worker.running:
                 assert time.monotonic() < until, "the worker never ran the first task"
                 await asyncio.sleep(0.01)
             await _submit(extension, "a")

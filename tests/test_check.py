@@ -39,7 +39,7 @@ def test_py_key_value_memory_store_defects_are_named(tmp_path: Path) -> None:
     assert "FAILED test_keys_invalid_collection_rejected [core]: put() in collection '' was accepted" in output
     # capability checks fail with the capability they need and the exception
     assert "FAILED test_capabilities_destroy_collection [needs destroy_collection]: KeyError: " in output
-    assert "atomic: 14 skipped: the store has no put_if_absent(), pop(), update()" in output
+    assert "atomic: 15 skipped: the store has no put_if_absent(), pop(), update()" in output
     assert "lifecycle: 1 skipped: the store has no aclose()" in output
     records = json.loads(report.read_text())
     assert records["store"] == "key_value.aio.stores.memory.store.MemoryStore"
@@ -69,7 +69,7 @@ def test_missing_capabilities_are_skipped_not_failed(tmp_path: Path) -> None:
 def test_the_tasks_suite_runs_and_a_core_only_store_skips_it() -> None:
     result = kvstores("check", "memory://", "--suite", "tasks")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "6 passed, 0 failed, 1 skipped" in result.stdout
+    assert "10 passed, 0 failed, 1 skipped" in result.stdout
     bare = kvstores("check", f"{TARGETS}:core_only", "--suite", "tasks")
     assert bare.returncode == 0, bare.stdout + bare.stderr
     assert "the store has no put_if_absent()" in bare.stdout and "FAILED" not in bare.stdout

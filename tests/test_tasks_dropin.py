@@ -54,7 +54,7 @@ def tasks_server(name: str, store: Any, **settings: Any) -> FastMCP:
 
 async def stored_tasks(mcp: FastMCP) -> list[str]:
     extension = cast(StoreTasks, mcp._extensions["io.modelcontextprotocol/tasks"])
-    return await extension.engine.all_ids()
+    return await extension.engine.all_refs()
 
 
 def refusal(answer: dict[str, Any]) -> str:
