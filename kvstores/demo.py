@@ -248,7 +248,8 @@ async def _task_moves(demo: _Demo) -> None:
         started = time.monotonic()
         demo.step(
             f"server {runner.name} is killed mid-task; its lease ({TASK_LEASE:g} s here, 10 s by default) runs out "
-            f"and a rescan ({TASK_RESCAN:g} s) hands the task to server {other.name}'s worker"
+            f"and, once a rescan ({TASK_RESCAN:g} s) has seen it lapsed for half a lease, hands the task to server "
+            f"{other.name}'s worker"
         )
         async with TaskClient(other.url) as survivor:
             result = await survivor.result(task_id, within=30)
