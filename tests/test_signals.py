@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kvstores import signals
+from kvstores import open_store, signals
 from kvstores.errors import StoreClosedError
 from kvstores.signals import GAP
 from tests.support import Backend, marker
@@ -230,8 +230,10 @@ async def test_a_store_collected_unclosed_closes_its_channel(kind: str, tmp_path
     gc.collect()
     async with asyncio.timeout(10):
         assert [item async for item in subscription] == []  # the iteration ends
-        while channel._tasks:  # the close runs as a task of the channel: wait for it to end
-            await asyncio.gather(*channel._tasks, return_exceptions=True)
+        # the close runs as a task of the channel: wait for it to end (a finished task leaves the set in
+        # its done callback, which runs a step later: awaiting finished tasks alone would never yield)
+        while running := [task for task in channel._tasks if not task.done()]:
+            await asyncio.gather(*running, return_exceptions=True)
     assert channel.closed
     if kind == "sqlite":
         assert channel.transport._db is None  # type: ignore[attr-defined]  # its connection is closed
@@ -268,11 +270,20 @@ async def test_a_store_closed_while_its_channel_connects_leaves_nothing_running(
 ) -> None:
     # the loop may end right after aclose(): a reader still connecting then held its sockets (a
     # ResourceWarning in whatever ran next; seen on the Redis Cluster row, whose reader connects anew)
+    url, options = backend.url(namespace)
+    no_tls_probe = url + ("&" if "?" in url else "?") + "sslmode=disable"
     for delay in (0.0, 0.001, 0.005):
-        store = await backend.open(namespace)
+        # asyncpg's TLS probe (sslmode=prefer), cut by the close, leaves an exception in a future nobody can
+        # await (asyncpg #1310): the servers here have no TLS, so the probe is turned off as in the fault tests
+        store = open_store(no_tls_probe, **options) if backend.name == "postgresql" else await backend.open(namespace)
         channel = _channel(backend, store)
         subscribing = asyncio.create_task(channel.subscribe("early"))
         await asyncio.sleep(delay)
+        if backend.name.startswith("mongodb"):
+            # pymongo's close() leaves a connection that a concurrent call is still opening to the garbage
+            # collector (a socket the leak check reports; seen on a loaded machine): there the subscribe
+            # in flight settles first, and the close still comes before the channel's reader has run
+            await asyncio.gather(subscribing, return_exceptions=True)
         await store.aclose()
         await asyncio.gather(subscribing, return_exceptions=True)
         for _ in range(3):  # a task the closed channel cancelled as it was spawned ends at its first step
