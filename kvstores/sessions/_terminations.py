@@ -84,32 +84,25 @@ class Terminations:
         """
         last = self._checked.get(session_id)
         due = now or last is None or time.monotonic() - last >= self.registry.refresh_interval
-        record = await (self._refresh(session_id) if due else self._read(session_id))
+        if due:
+            self._checked[session_id] = time.monotonic()
+        record = await self._look_up(session_id, touch=due)
         if record is None or (isinstance(record, SessionRecord) and not record.terminated):
             return False
         logger.info("Session %s was terminated or expired elsewhere; closing it here", label(session_id))
         self.drop(session_id)
         return True
 
-    async def _read(self, session_id: str) -> SessionRecord | object | None:
-        """The record, ``_GONE`` when absent, None when the registry could not say."""
+    async def _look_up(self, session_id: str, *, touch: bool) -> SessionRecord | object | None:
+        """The record (touched when ``touch``), ``_GONE`` when absent, None when the registry could not say."""
         try:
-            record = await self.registry.get(session_id)
+            record = await (self.registry.touch(session_id) if touch else self.registry.get(session_id))
         except Exception as exc:
             logger.warning(
-                "Could not read session %s in the session registry: %s", label(session_id), scrubbed(exc, session_id)
-            )
-            return None
-        return _GONE if record is None else record
-
-    async def _refresh(self, session_id: str) -> SessionRecord | object | None:
-        """Touch the record: the record, ``_GONE`` when absent, None when the registry could not say."""
-        self._checked[session_id] = time.monotonic()
-        try:
-            record = await self.registry.touch(session_id)
-        except Exception as exc:
-            logger.warning(
-                "Could not refresh session %s in the session registry: %s", label(session_id), scrubbed(exc, session_id)
+                "Could not %s session %s in the session registry: %s",
+                "refresh" if touch else "read",
+                label(session_id),
+                scrubbed(exc, session_id),
             )
             return None
         return _GONE if record is None else record
