@@ -23,6 +23,9 @@ in the caller, outside the batch, so one bad input or undecodable value never fa
 
 :meth:`Coalescer.close` is final: the calls still queued fail with the error it is given, and
 no batch starts afterwards (a batch already in flight completes or fails on its own).
+
+The mixin :class:`Batching` gives :class:`kvstores.BaseStore` its two coalescers, one for gets
+and one for puts, and the bulk calls they run on the backend's ``_get_pairs`` and ``_put_entries``.
 """
 
 from __future__ import annotations
@@ -30,9 +33,13 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
-__all__ = ["Coalescer"]
+from kvstores import _telemetry
+from kvstores._primitives import Entry, Stored
+from kvstores._store_core import StoreCore
+
+__all__ = ["Batching", "Coalescer"]
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -171,3 +178,59 @@ class Coalescer(Generic[Item, Result]):
             batch.append(self._queue.popleft())
         self._queue.extendleft(reversed(waiting))
         return batch
+
+
+def _entry_size(entry: Entry) -> int:
+    return len(entry[2])
+
+
+class Batching(StoreCore):
+    """A store's two coalescers (gets and puts) and the bulk calls they run (see the module's docstring)."""
+
+    batching_default: ClassVar[bool] = True
+    """Whether the backend coalesces concurrent calls unless told otherwise."""
+
+    _reads: Coalescer[tuple[str, str], Stored | None] | None = None  # gets, while batching is on
+    _writes: Coalescer[Entry, None] | None = None  # puts
+
+    def _stop_batching(self) -> None:
+        """Fail the calls still queued for a batch, with StoreClosedError (``aclose()`` calls it)."""
+        for coalescer in (self._reads, self._writes):
+            if coalescer is not None:
+                coalescer.close(self._closed_error)
+
+    def _start_batching(self) -> None:
+        """Make the coalescers through which ``get`` and ``put`` go (``aclose()`` closes them)."""
+        system = self.db_system
+        self._reads = Coalescer(
+            self._get_pair,
+            self._read_batch,
+            capacity=lambda: self.connections,
+            on_batch=lambda size: _telemetry.record_batch(system, "get", size),
+        )
+        self._writes = Coalescer(
+            self._put_entry,
+            self._write_batch,
+            size=_entry_size,
+            key=lambda entry: entry[:2],  # puts of one (collection, key) keep their order
+            capacity=lambda: self.connections,
+            on_batch=lambda size: _telemetry.record_batch(system, "put", size),
+        )
+
+    async def _get_pair(self, pair: tuple[str, str]) -> Stored | None:
+        return await self._get(*pair)
+
+    async def _read_batch(self, pairs: Sequence[tuple[str, str]]) -> list[Stored | None]:
+        """The stored texts of a batch of gets: each distinct (collection, key) pair read once."""
+        distinct = list(dict.fromkeys(pairs))
+        found = dict(zip(distinct, await self._get_pairs(distinct)))
+        return [found[pair] for pair in pairs]
+
+    async def _put_entry(self, entry: Entry) -> None:
+        await self._put(*entry)
+
+    async def _write_batch(self, entries: Sequence[Entry]) -> list[None]:
+        """Write a batch of puts: of several puts of one key, the last queued wins, whatever its TTL."""
+        latest = {(collection, key): (collection, key, text, ttl) for collection, key, text, ttl in entries}
+        await self._put_entries(list(latest.values()))
+        return [None] * len(entries)

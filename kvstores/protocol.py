@@ -105,8 +105,12 @@ class CullStore(Protocol):
 class EnumerateKeysStore(Protocol):
     """A store that can list the keys of a collection."""
 
-    async def keys(self, collection: str | None = None, *, limit: int | None = None) -> list[str]:
-        """Return up to ``limit`` live keys of ``collection`` (all when limit is None)."""
+    async def keys(
+        self, collection: str | None = None, *, limit: int | None = None, after: str | None = None
+    ) -> list[str]:
+        """Return up to ``limit`` live keys of ``collection`` (all when limit is None), in ascending
+        code-point order; with ``after``, only those that sort after it (the last key of a page names the next).
+        """
         ...
 
 

@@ -58,7 +58,7 @@ def test_missing_capabilities_are_skipped_not_failed(tmp_path: Path) -> None:
     result = kvstores("check", f"{TARGETS}:core_only", "--json", str(report))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "optional capabilities: none" in result.stdout
-    assert "capabilities: 2 skipped: the store has no keys()" in result.stdout
+    assert "capabilities: 3 skipped: the store has no keys()" in result.stdout
     assert "capabilities: 1 skipped: the store has no destroy()" in result.stdout
     assert "ttl: 1 skipped: the store has no cull()" in result.stdout
     assert "FAILED" not in result.stdout
@@ -69,7 +69,7 @@ def test_missing_capabilities_are_skipped_not_failed(tmp_path: Path) -> None:
 def test_the_tasks_suite_runs_and_a_core_only_store_skips_it() -> None:
     result = kvstores("check", "memory://", "--suite", "tasks")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "10 passed, 0 failed, 1 skipped" in result.stdout
+    assert "11 passed, 0 failed, 1 skipped" in result.stdout
     bare = kvstores("check", f"{TARGETS}:core_only", "--suite", "tasks")
     assert bare.returncode == 0, bare.stdout + bare.stderr
     assert "the store has no put_if_absent()" in bare.stdout and "FAILED" not in bare.stdout

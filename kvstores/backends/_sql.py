@@ -43,15 +43,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import functools
-import hashlib
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar, Final, TypeVar
 
-from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored
-from kvstores.errors import KVStoreError, StoreConnectionError
-from kvstores.loop import deadline
+from kvstores.backends._sql_pool import SCHEMA_VERSION, PooledStore, digest
+from kvstores.base import DEFAULT_COLLECTION, Entry, Stored
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -65,9 +63,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-SCHEMA_VERSION = 1
-"""The schema version this code reads and writes."""
 
 DEFAULT_TABLE = "kvstores_entries"
 """The table used when none is given."""
@@ -83,14 +78,8 @@ _STORE_QUERY_OPTIONS = {
     "sweep_interval": float,
     "default_collection": str,
 }
-_DEADLOCK_ATTEMPTS: Final = 3  # a statement (or transaction) the server chose as a deadlock victim runs again
 _NO_LIMIT: Final = 2**63 - 1  # LIMIT of a listing without one (both servers take a 64-bit LIMIT)
 _CACHED: Final = 1_000  # collections whose (digest, name) are kept ready
-
-
-def digest(name: bytes) -> bytes:
-    """The 32-byte SHA-256 digest that keys ``name`` in the index."""
-    return hashlib.sha256(name).digest()
 
 
 def decoded(raw: bytes) -> str | None:
@@ -113,10 +102,6 @@ def row_ids(collection: str, key: str) -> tuple[bytes, bytes, bytes, bytes]:
     collection_id, name = collection_ids(collection)
     encoded = key.encode()
     return collection_id, digest(encoded), name, encoded
-
-
-VERSION_ROW: Final = (digest(b""), digest(b"schema_version"), b"", b"schema_version")
-"""The row that holds the table's schema version (no kvstores collection is empty)."""
 
 
 class Statements:
@@ -155,10 +140,10 @@ class Statements:
         self.version = f"SELECT value FROM {table} WHERE {row}"
         self.get = f"SELECT value FROM {table} WHERE {row} AND {live}"
         self.ttl = f"SELECT value, {remaining} FROM {table} WHERE {row} AND {live}"
-        self.keys = (
-            f"SELECT {key} FROM {table} WHERE collection_id = {mark(1)} AND collection = {mark(2)} AND {live}"
-            f" ORDER BY {key} LIMIT {mark(3)}"
-        )
+        # keys are bytes (UTF-8): their order is code-point order, as Python compares str
+        in_collection = f"SELECT {key} FROM {table} WHERE collection_id = {mark(1)} AND collection = {mark(2)}"
+        self.keys = f"{in_collection} AND {live} ORDER BY {key} LIMIT {mark(3)}"
+        self.keys_after = f"{in_collection} AND {key} > {mark(3)} AND {live} ORDER BY {key} LIMIT {mark(4)}"
         self.collections = (
             f"SELECT DISTINCT collection FROM {table} WHERE collection <> '' AND {live}"
             f" ORDER BY collection LIMIT {mark(1)}"
@@ -187,7 +172,7 @@ class Statements:
         )
 
 
-class SQLServerStore(BaseStore):
+class SQLServerStore(PooledStore):
     """A persistent store in one SQL-server table, shared by every process that opens it.
 
     ``table`` is the quoted name of that table; ``pool`` the driver's pool in use, once it is. A
@@ -195,13 +180,6 @@ class SQLServerStore(BaseStore):
     """
 
     url_options = _STORE_QUERY_OPTIONS
-    pool: Any = None
-    _owns_pool = True  # class defaults: __del__ reads them even when __init__ failed
-    _ready_pool: Any = None
-
-    label: ClassVar[str]
-    """The server's name in messages (``PostgreSQL``, ``MySQL``)."""
-
     statements: ClassVar[type[Statements]]
     """The dialect's statements."""
 
@@ -212,7 +190,6 @@ class SQLServerStore(BaseStore):
     _scope: ClassVar[str]  # what qualifies a table name ("schema", "database")
     _max_part: ClassVar[int]  # characters in a quoted identifier
     _max_name: ClassVar[int]  # characters in the table's own name (room left for names derived from it)
-    _driver_errors: ClassVar[tuple[type[Exception], ...]]  # any of them, not unreachable: KVStoreError
 
     def __init__(
         self,
@@ -263,47 +240,6 @@ class SQLServerStore(BaseStore):
         """The quoted tables this store creates (``destroy()`` empties them, never drops them)."""
         return [self.table]
 
-    # -- what a dialect supplies (besides its statements and the bulk primitives) ---------
-
-    @abc.abstractmethod  # keep what the pool is made from (options: the caller's other keyword options)
-    def _configure(self, url: str | None, max_connections: int, statement_cache_size: int, options: Any) -> None: ...
-
-    @abc.abstractmethod  # a new pool that connects on demand
-    async def _create_pool(self) -> Any: ...
-
-    async def _close_pool(self, pool: Any) -> None:
-        """Close the store's own ``pool``, waiting for its connections."""
-        await pool.close()
-
-    @abc.abstractmethod  # the version the table holds in ``row``; None without the table or the row
-    async def _read_version(self, connection: Any, row: Sequence[bytes]) -> str | None: ...
-
-    @abc.abstractmethod  # create the table when missing and add ``version`` (row and value), once across processes
-    async def _create_table(self, connection: Any, version: Sequence[Any]) -> None: ...
-
-    @abc.abstractmethod  # give ``connection`` back to ``pool``
-    async def _release(self, pool: Any, connection: Any) -> None: ...
-
-    @abc.abstractmethod
-    def _abandon(self, pool: Any, connection: Any) -> Callable[[], None] | None:
-        """Give up ``connection`` in the middle of a statement (the call was cancelled);
-        returns what to do when the store's own deadline cut it, if anything."""
-
-    @abc.abstractmethod  # close ``connection`` left broken, so that the pool connects anew
-    def _drop(self, connection: Any) -> None: ...
-
-    @staticmethod
-    @abc.abstractmethod  # the server rolled the statement (or transaction) back as a deadlock victim
-    def _is_deadlock(exc: Exception) -> bool: ...
-
-    @staticmethod
-    @abc.abstractmethod  # the connection may be unusable after ``exc`` (a clean SQL error leaves it fine)
-    def _is_broken(exc: BaseException) -> bool: ...
-
-    @staticmethod
-    @abc.abstractmethod  # the server cannot be had (now): StoreConnectionError
-    def _is_unreachable(exc: Exception) -> bool: ...
-
     @staticmethod
     def _expiry(ttl: float | None) -> Any:
         """The TTL parameter of a statement's expiry (None: never expires): by default the seconds."""
@@ -330,104 +266,6 @@ class SQLServerStore(BaseStore):
 
     @abc.abstractmethod  # delete the live rows of a collection (ids) among (key_id, key) pairs, sorted; how many
     async def _delete_rows(self, collection: tuple[bytes, bytes], pairs: list[tuple[bytes, bytes]]) -> int: ...
-
-    # -- connection ------------------------------------------------------------------
-
-    async def _ready(self) -> Any:
-        """The pool, created on first use, with the table created and its version checked (run by _run)."""
-        async with self._opening:
-            self._check_open()  # nothing reopens after aclose()
-            if self._ready_pool is None:
-                if self.pool is None:
-                    self.pool = await self._create_pool()
-                    await self._release_with_loop()
-                async with self.pool.acquire() as connection:
-                    await self._check_schema(connection)
-                self._ready_pool = self.pool
-        return self._ready_pool
-
-    async def _check_schema(self, connection: Any) -> None:
-        version = await self._read_version(connection, VERSION_ROW)
-        if version is None:  # a new table (or one made by hand without the row)
-            await self._create_table(connection, (*VERSION_ROW, str(SCHEMA_VERSION)))
-            version = await self._read_version(connection, VERSION_ROW)
-        if version != str(SCHEMA_VERSION):
-            raise KVStoreError(
-                f"{self.label} table {self.table} holds kvstores schema version {version}; "
-                f"this kvstores reads version {SCHEMA_VERSION}"
-            )
-
-    def _holds_connection(self) -> bool:
-        return self._owns_pool and self.pool is not None
-
-    def _translate(self, exc: Exception) -> KVStoreError | None:
-        if self._is_unreachable(exc):
-            return StoreConnectionError(f"{self.label}: {type(exc).__name__}: {exc}")
-        if isinstance(exc, self._driver_errors):
-            return KVStoreError(f"{self.label}: {type(exc).__name__}: {exc}")
-        return None
-
-    async def _close(self) -> None:
-        async with self._opening:
-            pool, self._ready_pool = self.pool, None
-            if self._owns_pool and pool is not None:
-                self.pool = None
-                try:
-                    async with deadline(self._timeout):
-                        await self._close_pool(pool)
-                except Exception:  # an unreachable or hung server: drop the connections
-                    pool.terminate()
-                for task in list(self._background):  # clean-ups of cut statements on the pool: moot now
-                    task.cancel()
-
-    async def _run(self, work: Callable[[Any], Awaitable[T]]) -> T:
-        """Run ``work(connection)`` on a pool connection within the store's timeout (errors untranslated)."""
-        cut: Callable[[], None] | None = None  # what to do when our deadline interrupted a statement
-        try:
-            async with deadline(self._timeout):  # first use included: waiting for another opener too
-                pool = self._ready_pool or await self._ready()
-                try:
-                    connection = await pool.acquire()
-                except RuntimeError:  # asyncmy's pool is closing: aclose() ran meanwhile
-                    self._check_open()
-                    raise
-                try:
-                    for _ in range(_DEADLOCK_ATTEMPTS - 1):
-                        try:
-                            return await work(connection)
-                        except Exception as exc:
-                            # the server rolled back this statement (or transaction): running it again is exact
-                            if not self._is_deadlock(exc):
-                                raise
-                    return await work(connection)
-                except asyncio.CancelledError:
-                    # our deadline or the caller's cancel: the connection is mid-protocol
-                    cut = self._abandon(pool, connection)
-                    connection = None
-                    raise
-                except BaseException as exc:
-                    if self._is_broken(exc):
-                        self._drop(connection)
-                    raise
-                finally:
-                    if connection is not None:
-                        await self._release(pool, connection)
-        except TimeoutError:
-            if cut is not None:
-                cut()
-            raise
-
-    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` off the caller's time, keeping a strong reference until it is done."""
-        task = asyncio.get_running_loop().create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._forget)
-
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        """Let go of a finished background ``task``; its error is nobody's (a clean-up that failed)."""
-        self._background.discard(task)
-        if not task.cancelled():
-            task.exception()
 
     async def _value(self, sql: str, *args: Any) -> Any:
         """The first column of the first row of ``sql``; None without a row."""
@@ -508,8 +346,10 @@ class SQLServerStore(BaseStore):
         rows = await self.fetch(sql, *args, _NO_LIMIT if limit is None else limit)
         return [name for (raw,) in rows if (name := decoded(raw)) is not None]
 
-    async def _keys(self, collection: str, limit: int | None) -> list[str]:
-        return await self._names_of(self._sql.keys, *collection_ids(collection), limit=limit)
+    async def _keys(self, collection: str, limit: int | None, after: str | None) -> list[str]:
+        if after is None:
+            return await self._names_of(self._sql.keys, *collection_ids(collection), limit=limit)
+        return await self._names_of(self._sql.keys_after, *collection_ids(collection), after.encode(), limit=limit)
 
     async def _collections(self, limit: int | None) -> list[str]:
         return await self._names_of(self._sql.collections, limit=limit)

@@ -26,6 +26,7 @@ URL: ``memory://`` (query options, e.g. ``memory://?max_entries=1000``).
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from time import monotonic
@@ -189,9 +190,9 @@ class MemoryStore(BaseStore):
         now = monotonic()
         return [pair for pair, expires in self._scan() if expires is None or expires > now]
 
-    async def _keys(self, collection: str, limit: int | None) -> list[str]:
-        keys = [key for name, key in self._live_pairs() if name == collection]
-        return keys[:limit]
+    async def _keys(self, collection: str, limit: int | None, after: str | None) -> list[str]:
+        keys = (key for name, key in self._live_pairs() if name == collection and (after is None or key > after))
+        return sorted(keys) if limit is None else heapq.nsmallest(limit, keys)
 
     async def _collections(self, limit: int | None) -> list[str]:
         names = list(dict.fromkeys(name for name, _ in self._live_pairs()))

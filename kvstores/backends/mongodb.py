@@ -382,9 +382,12 @@ class MongoDBStore(BaseStore):
             deleted += (await entries.delete_many(query)).deleted_count
         return deleted
 
-    async def _keys(self, collection: str, limit: int | None) -> list[str]:
+    async def _keys(self, collection: str, limit: int | None, after: str | None) -> list[str]:
         entries = await self._ready()
-        cursor = entries.find({**_in_collection(collection), **_live(_now_ms())}, {"_id": 1}).limit(limit or 0)
+        selected = _in_collection(collection)
+        if after is not None:  # a string's order is its UTF-8 bytes': code-point order, as Python compares str
+            selected["_id"]["$gt"] = _prefix(collection) + after
+        cursor = entries.find({**selected, **_live(_now_ms())}, {"_id": 1}).sort("_id", 1).limit(limit or 0)
         documents = await cursor.to_list(None)
         start = len(_prefix(collection))
         return [document["_id"][start:] for document in documents]

@@ -64,32 +64,26 @@ policy: the keys end up deleted either way, but a retried DEL can under-count (0
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import inspect
-from collections import deque
+import heapq
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
-from urllib.parse import unquote, urlsplit
+from typing import TYPE_CHECKING, Any, Final, cast
+from urllib.parse import unquote
 
 from kvstores._codec import ttl_milliseconds
 from kvstores._optional import missing_extra
 from kvstores.base import DEFAULT_COLLECTION, BaseStore, Entry, Stored, chunks
-from kvstores.errors import KVStoreError, StoreClosedError, StoreConnectionError
-from kvstores.loop import wait_event
+from kvstores.errors import KVStoreError, StoreConnectionError
 
 if TYPE_CHECKING:
     from kvstores._signal_host import Sink, Transport
 
 try:
     from redis import exceptions as redis_errors
-    from redis.asyncio import ConnectionPool, Redis, RedisCluster
-    from redis.asyncio.cluster import ClusterNode
-    from redis.asyncio.retry import Retry
+    from redis.asyncio import Redis, RedisCluster
     from redis.asyncio.sentinel import Sentinel
-    from redis.backoff import ExponentialBackoff, NoBackoff
+
+    from kvstores.backends._redis_client import AT_MOST_ONCE, Client, Gate, close_client, connect, listener
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("redis", "redis") from exc
 
@@ -98,9 +92,6 @@ __all__ = ["DEFAULT_PREFIX", "RedisStore"]
 DEFAULT_PREFIX = "kvstores"
 """The key prefix used when none is given."""
 
-_CLUSTER_SCHEME = "redis+cluster"
-_SENTINEL_SCHEME = "redis+sentinel"
-_SENTINEL_PORT: Final = 26379
 _STORE_QUERY_OPTIONS = {"prefix": str, "timeout": float, "max_connections": int, "default_collection": str}
 _CHUNK: Final = 1_000  # keys per MGET / DEL
 _ATOMIC_CHUNK: Final = 10_000  # keys per put_many script call
@@ -146,56 +137,6 @@ _UNREACHABLE = (
     redis_errors.SlotNotCoveredError,
 )
 
-_Client = Redis | RedisCluster
-_T = TypeVar("_T")
-
-_AT_MOST_ONCE: ContextVar[bool] = ContextVar("kvstores_redis_at_most_once", default=False)
-"""True while the current task sends a command that must not be retried (see _Retry)."""
-
-
-async def close_client(client: Redis | RedisCluster) -> None:
-    """Close ``client`` and every connection it holds.
-
-    redis-py's ``RedisCluster.aclose()`` closes nothing once a timeout or a connection error has
-    marked the client for re-initialization (until its next command rebuilds the node table): its
-    nodes' sockets would stay open until the garbage collector finds them. A cluster's nodes are
-    closed here whatever that mark says (closing a closed node does nothing).
-    """
-    await client.aclose()
-    if isinstance(client, RedisCluster):
-        await client.nodes_manager.aclose()
-        await client.nodes_manager.aclose("startup_nodes")
-
-
-async def _keep() -> None:
-    """Let go of a client the store shares with its signal transport: the store closes it."""
-
-
-def _never(error: Exception) -> bool:
-    return False
-
-
-class _Retry(Retry):
-    """redis-py's Retry, except for commands sent while ``_AT_MOST_ONCE`` is set: never retried.
-
-    Standalone clients retry through ``call_with_retry``; RedisCluster counts its own
-    attempts with ``get_retries()``: both are covered.
-    """
-
-    def get_retries(self) -> int:
-        return 0 if _AT_MOST_ONCE.get() else super().get_retries()
-
-    async def call_with_retry(
-        self,
-        do: Callable[[], Awaitable[_T]],
-        fail: Callable[..., Any],
-        is_retryable: Callable[[Exception], bool] | None = None,
-        with_failure_count: bool = False,
-    ) -> _T:
-        if _AT_MOST_ONCE.get():
-            is_retryable = _never  # the error is raised at once; redis-py has dropped the connection
-        return await super().call_with_retry(do, fail, is_retryable, with_failure_count)
-
 
 def _translated_error(exc: Exception) -> KVStoreError | None:
     """Translate redis-py errors: the one place this backend does it."""
@@ -204,87 +145,6 @@ def _translated_error(exc: Exception) -> KVStoreError | None:
     if isinstance(exc, (redis_errors.RedisError, redis_errors.RedisClusterException)):
         return KVStoreError(f"Redis: {exc}")
     return None
-
-
-class _Gate:
-    """Entered around every command; the store's own clients get a bound, Clusters discovery.
-
-    With ``limit``, at most that many commands run at once, so the client's pool (sized
-    alike) never runs out of connections; the others wait in FIFO order. This costs a
-    fraction of asyncio.Semaphore per command. redis-py's RedisCluster discovers its nodes
-    on first use, and commands that race that discovery can find their connection closed
-    under them, so on a Cluster each command first awaits ``initialize()`` (a no-op once done).
-    """
-
-    def __init__(self, limit: int | None, cluster: RedisCluster | None) -> None:
-        self._free = limit
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        self._cluster = cluster
-        self._inside = 0  # commands past the gate, not yet out
-        self._closed = False
-        self._left: asyncio.Event | None = None  # set when the last command leaves a closed gate
-        self.used = False
-        """True once a command has been sent: the client may hold connections from then on."""
-
-    async def __aenter__(self) -> None:
-        if self._closed:
-            raise StoreClosedError("RedisStore is closed")
-        self.used = True
-        if self._free is not None:
-            if self._free > 0:
-                self._free -= 1
-            else:
-                await self._wait()
-        self._inside += 1
-        if self._cluster is not None:
-            try:
-                await self._cluster.initialize()
-            except BaseException:
-                self._leave()
-                raise
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self._leave()
-
-    async def close(self, within: float) -> None:
-        """Let no command in from now on, and wait (up to ``within`` seconds) for those inside to leave.
-
-        Commands waiting for a slot fail with StoreClosedError.
-        """
-        self._closed = True
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(StoreClosedError("RedisStore is closed"))
-        if self._inside:
-            self._left = asyncio.Event()
-            await wait_event(self._left, within)
-
-    def _leave(self) -> None:
-        self._inside -= 1
-        if self._left is not None and not self._inside:
-            self._left.set()
-        self._release()
-
-    async def _wait(self) -> None:
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self._release()  # handed a slot as it was cancelled: hand it on
-            raise
-
-    def _release(self) -> None:
-        if self._free is None:
-            return
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the slot passes straight to the next waiter
-                return
-        self._free += 1
 
 
 def _glob(text: str) -> str:
@@ -307,11 +167,6 @@ def _remaining(milliseconds: int) -> float | None:
     return None if milliseconds < 0 else milliseconds / 1000
 
 
-def _unknown_option(exc: TypeError) -> ValueError:
-    """The error for a URL option redis-py's constructors refuse (``exc`` names it)."""
-    return ValueError(f"a Redis URL option is unknown to redis-py: {exc}")
-
-
 class RedisStore(BaseStore):
     """A store on Redis (standalone or Cluster) with native millisecond TTLs.
 
@@ -326,7 +181,7 @@ class RedisStore(BaseStore):
         self,
         url: str | None = None,
         *,
-        client: _Client | None = None,
+        client: Client | None = None,
         prefix: str = DEFAULT_PREFIX,
         timeout: float = 5.0,
         max_connections: int = 50,
@@ -349,71 +204,14 @@ class RedisStore(BaseStore):
         self._sentinel: Sentinel | None = None
         if client is None:
             assert url is not None
-            client = self._connect(url, timeout, max_connections, client_options)
+            client, self._sentinel = connect(url, timeout, max_connections, client_options)
         self.client = client
         cluster = client if isinstance(client, RedisCluster) else None
-        self._gate = _Gate(max_connections if self._owns_client else None, cluster)
+        self._gate = Gate(max_connections if self._owns_client else None, cluster)
         self.connections = max_connections
         self._heads: dict[str, str] = {}
         self._put_script = client.register_script(_PUT_SCRIPT)
         self._swap_script = client.register_script(_SWAP_SCRIPT)
-
-    def _connect(self, url: str, timeout: float, max_connections: int, options: dict[str, Any]) -> _Client:
-        backoff = ExponentialBackoff(cap=0.5, base=0.05)
-        options = {
-            "socket_timeout": timeout,
-            "socket_connect_timeout": timeout,
-            "max_connections": max_connections,
-            **options,
-        }
-        scheme, separator, rest = url.partition("://")
-        if scheme.lower() == _CLUSTER_SCHEME:
-            # one retry: enough to follow a failover or a restarted node (it rediscovers the nodes)
-            options.setdefault("retry", _Retry(backoff, 1))
-            try:
-                return RedisCluster.from_url(f"redis{separator}{rest}", **options)
-            except TypeError as exc:  # an option redis-py does not know
-                raise _unknown_option(exc) from None
-        # a refused or reset connection is retried (a restarted server); a timeout is not
-        options.setdefault("retry", _Retry(backoff, 2, (redis_errors.ConnectionError,)))
-        if scheme.lower() == _SENTINEL_SCHEME:
-            return self._connect_sentinel(url, options)
-        pool = ConnectionPool.from_url(url, **options)
-        try:  # redis-py takes any option here and fails at the first connect: fail now, nothing opened
-            pool.connection_class(**pool.connection_kwargs)
-        except TypeError as exc:
-            raise _unknown_option(exc) from None
-        return Redis.from_pool(pool)
-
-    def _connect_sentinel(self, url: str, options: dict[str, Any]) -> Redis:
-        """A client of the primary of ``redis+sentinel://[user:password@]host:port[,...]/service[/db]``."""
-        parts = urlsplit(url)
-        credentials, _, hosts = parts.netloc.rpartition("@")
-        username, has_password, password = credentials.partition(":")
-        path = [unquote(segment) for segment in parts.path.split("/")[1:]]
-        if not path or not path[0] or len(path) > 2 or not hosts:
-            raise ValueError("expected redis+sentinel://host:port[,host:port...]/service_name[/db]")
-        if parts.query:
-            raise ValueError("redis+sentinel:// URLs take no options other than the store's own")
-        sentinels = []
-        for address in hosts.split(","):
-            host, _, port = address.rpartition(":")
-            if not host or not port.isdigit():  # no port: the sentinels' default
-                host, port = address, str(_SENTINEL_PORT)
-            sentinels.append((host.strip("[]"), int(port)))
-        sentinel_options = options.pop("sentinel_kwargs", None) or {
-            name: value for name, value in options.items() if name.startswith("socket_")
-        }
-        # each sentinel is asked once per look-up, the next one on failure: redis-py's default
-        # (3 retries with backoff up to 10 s per sentinel) would hold a call for tens of seconds
-        sentinel_options.setdefault("retry", Retry(NoBackoff(), 0))
-        self._sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis-py 8.2
-        if username:
-            options.setdefault("username", unquote(username))
-        if has_password:
-            options.setdefault("password", unquote(password))
-        db = int(path[1]) if len(path) == 2 and path[1] else 0
-        return cast(Redis, self._sentinel.master_for(path[0], db=db, **options))
 
     def _server_address(self) -> tuple[str, int] | None:
         if isinstance(self.client, RedisCluster):  # the node it was told to start from
@@ -431,26 +229,9 @@ class RedisStore(BaseStore):
 
         return RedisTransport(self, sink, client=self.client, gate=self._gate, prefix=self.prefix)
 
-    def listener(self) -> tuple[Redis | RedisCluster, Callable[[], Awaitable[None]]]:
-        """A client of the store's server(s) for its signal transport's pub/sub connection, and what lets it go.
-
-        A client with a pool of its own, so that closing the store never pulls the connection from
-        under the reader (letting it go closes it); a Sentinel-managed client (its pool follows
-        failovers) is the store's own, and letting it go does nothing.
-        """
-        client = self.client
-        if isinstance(client, RedisCluster):
-            nodes = [ClusterNode(node.host, node.port) for node in client.startup_nodes]
-            accepted = inspect.signature(RedisCluster).parameters
-            options = {name: value for name, value in client.connection_kwargs.items() if name in accepted}
-            cluster = RedisCluster(startup_nodes=nodes, **options)
-            return cluster, functools.partial(close_client, cluster)
-        pool = client.connection_pool
-        if type(pool) is ConnectionPool:
-            own_pool = ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
-            own = Redis(connection_pool=own_pool)
-            return own, functools.partial(close_client, own)
-        return client, _keep
+    def listener(self) -> tuple[Client, Callable[[], Awaitable[None]]]:
+        """A client for the signal transport's pub/sub connection, and what lets it go (:func:`listener`)."""
+        return listener(self.client)
 
     def _translate(self, exc: Exception) -> KVStoreError | None:
         return _translated_error(exc)
@@ -496,11 +277,11 @@ class RedisStore(BaseStore):
 
     async def _execute_once(self, *args: Any) -> Any:
         """``_execute`` for a command that must run at most once: never retried once it may have been sent."""
-        token = _AT_MOST_ONCE.set(True)
+        token = AT_MOST_ONCE.set(True)
         try:
             return await self._execute(*args)
         finally:
-            _AT_MOST_ONCE.reset(token)
+            AT_MOST_ONCE.reset(token)
 
     async def _pipeline(self, commands: Iterable[Sequence[Any]]) -> list[Any]:
         """Send ``commands`` in one round trip (not a transaction) and return their replies."""
@@ -610,9 +391,16 @@ class RedisStore(BaseStore):
             return int(await self._execute_once("DEL", *names))
         return sum(await self._pipeline([("DEL", *chunk) for chunk in chunks(names, _CHUNK)]))
 
-    async def _keys(self, collection: str, limit: int | None) -> list[str]:
+    async def _keys(self, collection: str, limit: int | None, after: str | None) -> list[str]:
         head = self._head(collection)
-        return await self._scan(_glob(head) + "*", limit, lambda name: name[len(head) :])
+
+        def key_after(name: str) -> str | None:
+            key = name[len(head) :]
+            return key if after is None or key > after else None
+
+        # SCAN has no order: the collection is read whole, and the least ``limit`` of it kept
+        keys = await self._scan(_glob(head) + "*", None, key_after)
+        return sorted(keys) if limit is None else heapq.nsmallest(limit, keys)
 
     async def _collections(self, limit: int | None) -> list[str]:
         return await self._scan(self._pattern, limit, self._collection_of)
@@ -638,12 +426,12 @@ class RedisStore(BaseStore):
             return bool(await self._execute_once("SET", name, text, "NX", *expiry))
         if expected is None:  # delete what is absent: succeed while it stays absent
             return not await self._execute("EXISTS", name)
-        token = _AT_MOST_ONCE.set(True)
+        token = AT_MOST_ONCE.set(True)
         try:
             async with self._gate:
                 return bool(await self._swap_script(keys=[name], args=[expected, text or "", milliseconds]))
         finally:
-            _AT_MOST_ONCE.reset(token)
+            AT_MOST_ONCE.reset(token)
 
     async def _pop(self, collection: str, key: str) -> Stored | None:
         return cast("Stored | None", await self._execute_once("GETDEL", self._head(collection) + key))

@@ -67,6 +67,8 @@ _SCHEMA = (
     " value TEXT NOT NULL, expires_at REAL, PRIMARY KEY (collection, key)) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS kvstores_entries_expiry ON kvstores_entries (expires_at) WHERE expires_at IS NOT NULL",
 )
+_KEYS = f"SELECT key FROM kvstores_entries WHERE collection = ? AND {_LIVE} ORDER BY key LIMIT ?"
+_KEYS_AFTER = f"SELECT key FROM kvstores_entries WHERE collection = ? AND key > ? AND {_LIVE} ORDER BY key LIMIT ?"
 _UPSERT = "INSERT OR REPLACE INTO kvstores_entries (collection, key, value, expires_at) VALUES (?, ?, ?, ?)"
 _SELECT_ONE = f"SELECT value FROM kvstores_entries WHERE collection = ? AND key = ? AND {_LIVE}"
 _SWEEP = "DELETE FROM kvstores_entries WHERE expires_at <= ?"
@@ -345,9 +347,11 @@ class SQLiteStore(BaseStore):
     async def _delete_many(self, collection: str, keys: Sequence[str]) -> int:
         return await self._write(partial(_delete_live, collection, keys))
 
-    async def _keys(self, collection: str, limit: int | None) -> list[str]:
-        sql = f"SELECT key FROM kvstores_entries WHERE collection = ? AND {_LIVE} ORDER BY key LIMIT ?"
-        parameters = (collection, time.time(), -1 if limit is None else limit)
+    async def _keys(self, collection: str, limit: int | None, after: str | None) -> list[str]:
+        # TEXT's BINARY collation compares UTF-8 bytes: code-point order, as Python compares str
+        sql = _KEYS if after is None else _KEYS_AFTER
+        live = (time.time(), -1 if limit is None else limit)
+        parameters = (collection, *live) if after is None else (collection, after, *live)
         rows = await self._run(lambda conn: conn.execute(sql, parameters).fetchall())
         return [key for (key,) in rows]
 

@@ -520,6 +520,26 @@ class AsyncKeyValueConformance(StoreConformance):
         assert sorted(await store.keys(limit=100)) == keys
 
     @requires("keys")
+    async def test_capabilities_keys_page_in_code_point_order(self, store: Any) -> None:
+        keys = ["", "a", "a\x00", "B", "é", "z", "日本", "\U0001f600", "k 1", "k/2"]
+        await store.put_many(keys, [{"i": i} for i in range(len(keys))])
+        await store.put("b", {"v": 1}, collection="other")
+        ordered = sorted(keys)  # Python compares str by code point
+        assert await store.keys() == ordered, "keys() lists in ascending code-point order"
+        assert await store.keys(limit=3) == ordered[:3], "a limit keeps the first keys in that order"
+        pages: list[str] = []
+        page = await store.keys(limit=3)
+        while page:
+            pages += page
+            page = await store.keys(limit=3, after=page[-1])
+        assert pages == ordered, "pages joined by after= list every key once, in order"
+        assert await store.keys(after="a") == [key for key in ordered if key > "a"]
+        assert await store.keys(after="\U0010ffff") == []
+        assert await store.keys(collection="other", after="") == ["b"]
+        with pytest.raises(InvalidKeyError):
+            await store.keys(after=1)
+
+    @requires("keys")
     async def test_capabilities_keys_of_tricky_collections(self, store: Any) -> None:
         for collection, key in COLLIDING_PAIRS:
             await store.put(key, {"v": 1}, collection=collection)

@@ -178,6 +178,30 @@ class TaskEngineConformance(StoreConformance):
         assert record.ref not in await engine.runnable()
 
     @requires("atomic", "keys")
+    async def test_tasks_a_scan_pages_through_a_queue_of_held_tasks(self, store: Any) -> None:
+        holder = TaskEngine(store, lease=60)
+        refs = sorted([(await _submit(holder)).ref for _ in range(7)])
+        for task_ref in refs[:-1]:  # held by a live worker: the scan passes over them
+            assert await holder.claim(task_ref) is not None
+        ran: list[str] = []
+        done = asyncio.Event()
+
+        async def execute(claim: Claim, _: TaskEngine) -> Outcome:
+            ran.append(claim.task_ref)
+            done.set()
+            return Outcome(TaskState.COMPLETED, {"result": {}})
+
+        worker = Worker(TaskEngine(store), execute, concurrency=1, rescan=0.2)
+        worker.scan_page = 2  # the free task is on the last of four pages
+        running = asyncio.get_running_loop().create_task(worker.run())
+        try:
+            await asyncio.wait_for(done.wait(), 10)
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        assert ran == [refs[-1]], "the scan must find the free task behind pages of held ones, and only it"
+
+    @requires("atomic", "keys")
     async def test_tasks_a_worker_runs_them_and_a_cancel_reaches_the_work(self, store: Any) -> None:
         engine = TaskEngine(store)
         cancelled = asyncio.Event()

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -44,13 +44,33 @@ class Claim:
 class Claims(TaskBook):
     """What a worker does with tasks: find runnable ones, claim them, keep and end their leases."""
 
-    async def runnable(self, limit: int = SCAN_PAGE) -> list[str]:
-        """Refs in the queue (runnable or running tasks), at most ``limit``."""
+    async def runnable(self, limit: int = SCAN_PAGE, after: str | None = None) -> list[str]:
+        """Refs in the queue (runnable or running tasks), in order: at most ``limit``, those after ``after``."""
         try:
-            return await cast(EnumerateKeysStore, self.store).keys(QUEUE, limit=limit)
+            return await cast(EnumerateKeysStore, self.store).keys(QUEUE, limit=limit, after=after)
         except (StoreConnectionError, TimeoutError):
             self._lapses.outage()
             raise
+
+    async def claimable(self, refs: Sequence[str]) -> list[str]:
+        """Those of ``refs`` that :meth:`claim` may act on, read in one round trip: all but the
+        tasks whose lease is live or which wait for input (a record this worker cannot open or
+        read is left to :meth:`claim`, which reports it)."""
+        try:
+            records = await self.records(refs)
+        except (StoreConnectionError, TimeoutError):
+            self._lapses.outage()
+            raise
+        except (EncryptionKeyError, TaskRecordError, SerializationError):
+            return list(refs)  # one of them cannot be read here: claim() looks at each alone
+        now = time.time()
+        return [
+            task_ref
+            for task_ref, record in zip(refs, records, strict=True)
+            if record is None
+            or record.state.terminal
+            or (record.state is TaskState.WORKING and (record.lease is None or record.lease.lapsed(now)))
+        ]
 
     async def claim(self, task_ref: str) -> Claim | None:
         """Take the lease of ``task_ref`` when it is runnable: never leased, released, or its lease

@@ -22,6 +22,7 @@ from kvstores._lease import keep
 from kvstores._telemetry import span
 from kvstores.errors import EncryptionKeyError, KVStoreError
 from kvstores.loop import raise_if_cancelled, wait_event
+from kvstores.tasks._book import SCAN_PAGE
 from kvstores.tasks._engine import SIGNALS, Claim, TaskEngine
 from kvstores.tasks._record import TaskState, label
 
@@ -54,6 +55,9 @@ Execute = Callable[[Claim, TaskEngine], Coroutine[Any, Any, Outcome]]
 class Worker:
     """Runs the tasks of one store: ``await worker.run()`` until cancelled."""
 
+    scan_page: int = SCAN_PAGE
+    """Queue entries one read of a scan lists (a scan reads as many pages as it needs)."""
+
     def __init__(
         self,
         engine: TaskEngine,
@@ -75,6 +79,7 @@ class Worker:
         self._hints: list[str] = []
         self._wake = asyncio.Event()
         self._full_scan = True
+        self._cursor: str | None = None  # where the next scan of the queue starts (None: at its start)
 
     async def run(self) -> None:
         """Serve until cancelled; running tools are cancelled with it (their tasks run again elsewhere)."""
@@ -131,7 +136,7 @@ class Worker:
         hinted = len(candidates)
         if self._full_scan:
             self._full_scan = False
-            candidates += [task_ref for task_ref in await self.engine.runnable() if task_ref not in candidates]
+            candidates += [task_ref for task_ref in await self._scan() if task_ref not in candidates]
         for index, task_ref in enumerate(candidates):
             if len(self.running) >= self.concurrency:
                 # what did not fit waits for a free slot: the hinted refs as they are, the rest by a scan
@@ -146,6 +151,29 @@ class Worker:
                 continue  # reported beside the record by claim(): the task fails, the tool never runs
             if claim is not None:
                 self._start(claim)
+
+    async def _scan(self) -> list[str]:
+        """Claimable refs of the queue, a page at a time from where the last scan stopped, until
+        they fill the free slots or the queue was read once round: every entry is seen within a
+        pass, however many there are, and a busy start of the queue cannot hide its end."""
+        found: list[str] = []
+        start = after = self._cursor
+        wrapped = False  # past the queue's end, reading from its start up to ``start``
+        while len(found) < self.concurrency - len(self.running):
+            page = await self.engine.runnable(self.scan_page, after=after)
+            last = len(page) < self.scan_page
+            if wrapped and start is not None and page and page[-1] >= start:
+                page, last = [task_ref for task_ref in page if task_ref <= start], True
+            found += await self.engine.claimable(page)
+            if not last:
+                after = page[-1]
+            elif wrapped or start is None:  # read once round: the next scan starts where this one did
+                after = start
+                break
+            else:
+                after, wrapped = None, True
+        self._cursor = after
+        return found
 
     def _start(self, claim: Claim) -> None:
         task = asyncio.get_running_loop().create_task(self._run(claim), name=f"kvstores task {label(claim.task_ref)}")
