@@ -492,7 +492,8 @@ def test_copy_stops_with_one_line_when_dest_goes_away(tmp_path: Path, capsys: py
 
 
 _PAUSING_COPY = """
-import asyncio, os, sys
+import asyncio, faulthandler, os, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for every thread's stack if it hangs
 from kvstores import _copy
 from kvstores.cli import main
 
@@ -540,7 +541,7 @@ def test_copy_interrupted_by_sigint_still_ends_with_its_summary(tmp_path: Path) 
                 said = _read_within(paused, 120)
             finally:
                 child.send_signal(signal.SIGINT)  # mid-copy: one chunk has landed, the next write waits
-                stdout, stderr = child.communicate(timeout=120)
+                stdout, stderr = _communicate_or_dump(child, 120)
     finally:
         os.close(paused)
         if pausing != -1:
@@ -551,6 +552,23 @@ def test_copy_interrupted_by_sigint_still_ends_with_its_summary(tmp_path: Path) 
     assert _rows(dest) == 1_000  # the summary counts the acknowledged writes, and the held one never ran
     assert child.returncode == 130, stderr
     assert stderr.strip() == "kvstores copy: interrupted", stderr
+
+
+def _communicate_or_dump(child: subprocess.Popen[str], seconds: float) -> tuple[str, str]:
+    """The child's output once it exits within ``seconds``; else fail with every thread's stack
+    (its faulthandler answers SIGUSR1), the child killed."""
+    try:
+        return child.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGUSR1)
+        try:
+            _, stderr = child.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            _, stderr = child.communicate()
+        child.kill()
+        child.wait()
+        pytest.fail(f"the child did not exit within {seconds} s of SIGINT; its threads:\n{stderr}")
 
 
 def _read_within(descriptor: int, seconds: float) -> bytes:
