@@ -246,7 +246,7 @@ async def test_transports_and_their_backends_do_not_import_each_other() -> None:
     script = "\n".join(
         [
             "import sys",
-            *(f"import kvstores.signals._{name}" for name in backends),
+            *(f"import kvstores.backends._{name}_signals" for name in backends),
             f"loaded = [name for name in {backends!r} if 'kvstores.backends.' + name in sys.modules]",
             "assert not loaded, loaded",
         ]
@@ -443,7 +443,7 @@ async def test_postgresql_restart_costs_a_gap() -> None:
 
 async def test_an_idle_sqlite_channel_reads_nothing_and_still_hears_the_next_message(tmp_path: Path) -> None:
     from kvstores import open_store
-    from kvstores.signals import _sqlite
+    from kvstores.backends import _sqlite_signals as _sqlite
 
     url = f"sqlite:///{tmp_path}/idle.db"
     async with open_store(url) as listener, open_store(url) as publisher:

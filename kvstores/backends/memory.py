@@ -103,7 +103,7 @@ class MemoryStore(BaseStore):
         return True
 
     def _signal_transport(self, sink: Sink) -> Transport[Any]:
-        from kvstores.signals._memory import MemoryTransport  # only a store that signals loads it
+        from kvstores.backends._memory_signals import MemoryTransport  # only a store that signals loads it
 
         return MemoryTransport(self, sink)
 

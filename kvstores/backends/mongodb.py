@@ -289,7 +289,7 @@ class MongoDBStore(BaseStore):
         return self._owns_client and self._indexed
 
     def _signal_transport(self, sink: Sink) -> Transport[Any]:
-        from kvstores.signals._mongodb import MongoDBTransport  # only a store that signals loads it
+        from kvstores.backends._mongodb_signals import MongoDBTransport  # only a store that signals loads it
 
         return MongoDBTransport(self, sink, self._entries)
 

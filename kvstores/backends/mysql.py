@@ -342,13 +342,13 @@ class MySQLStore(SQLServerStore):
         return (self._connect_options["host"], self._connect_options["port"])
 
     def _signal_transport(self, sink: Sink) -> Transport[Any]:
-        from kvstores.signals._mysql import MySQLTransport  # only a store that signals loads it
+        from kvstores.backends._mysql_signals import MySQLTransport  # only a store that signals loads it
 
         return MySQLTransport(self, sink)
 
     def tables(self) -> list[str]:
         """The quoted tables this store creates: its own and the one its signals poll."""
-        from kvstores.signals._mysql import signal_table
+        from kvstores.backends._mysql_signals import signal_table
 
         return [*super().tables(), signal_table(self.table)]  # its signals poll a table of their own
 

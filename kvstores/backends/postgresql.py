@@ -265,7 +265,7 @@ class PostgreSQLStore(SQLServerStore):
         return await asyncpg.connect(self._url, **options), None
 
     def _signal_transport(self, sink: Sink) -> Transport[Any]:
-        from kvstores.signals._postgresql import PostgreSQLTransport  # only a store that signals loads it
+        from kvstores.backends._postgresql_signals import PostgreSQLTransport  # only a store that signals loads it
 
         return PostgreSQLTransport(self, sink, timeout=self._timeout)
 

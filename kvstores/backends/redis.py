@@ -225,7 +225,7 @@ class RedisStore(BaseStore):
         return self._owns_client and self._gate.used
 
     def _signal_transport(self, sink: Sink) -> Transport[Any]:
-        from kvstores.signals._redis import RedisTransport  # only a store that signals loads it
+        from kvstores.backends._redis_signals import RedisTransport  # only a store that signals loads it
 
         return RedisTransport(self, sink, client=self.client, gate=self._gate, prefix=self.prefix)
 

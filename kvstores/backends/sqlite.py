@@ -301,7 +301,7 @@ class SQLiteStore(BaseStore):
         return self._db is not None
 
     def _signal_transport(self, sink: Sink) -> Transport[Any]:
-        from kvstores.signals._sqlite import transport  # only a store that signals loads it
+        from kvstores.backends._sqlite_signals import transport  # only a store that signals loads it
 
         return transport(self, sink, self.path, self._timeout)
 

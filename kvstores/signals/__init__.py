@@ -257,7 +257,8 @@ class SignalChannel(Sink):
 
     Get the one of a store with :func:`channel`: the store owns it and closes it. ``publish``,
     ``subscribe`` and ``listen`` are the whole API; the transport (one per channel object) is made
-    by the store (``_signal_transport``).
+    by the store (``_signal_transport``); each backend's lives beside it (``kvstores/backends/_<name>_signals.py``),
+    on the base classes of :mod:`kvstores.signals._transport`.
     """
 
     def __init__(self, store: Any) -> None:

@@ -26,7 +26,7 @@ from typing import Final
 import aiosqlite
 
 from kvstores._signal_host import SignalHost, Sink, Transport
-from kvstores.signals._memory import MemoryTransport
+from kvstores.backends._memory_signals import MemoryTransport
 from kvstores.signals._transport import NumberedPoll
 
 RETENTION: Final = 60.0
