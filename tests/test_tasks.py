@@ -83,6 +83,37 @@ async def test_a_task_runs_and_its_result_is_polled(served: Served) -> None:
     assert "error" not in done and "inputRequests" not in done
 
 
+async def test_a_quick_tools_first_poll_finds_it_done(served: Served) -> None:
+    """The first ``tasks/get``, sent as soon as the task is created, waits for the quick tool instead of
+    answering "working" (``hold``): a client needs no second poll, as with fastmcp-tasks."""
+    for text in ("a", "b", "c"):
+        task_id = await served.wire.submit("echo", {"text": text})
+        first = (await served.wire.get(task_id))["result"]
+        assert first["status"] == "completed", first
+        assert first["result"]["structuredContent"] == {"result": f"echo {text}"}
+
+
+@pytest.mark.parametrize("backend", rows_with("persistent"), indirect=True)
+async def test_a_held_poll_wakes_when_another_replica_ends_the_task(
+    backend: Backend, namespace: str, store: Any
+) -> None:
+    """A replica that runs no worker holds ``tasks/get`` until the replica that ran the task signals its end (a
+    hold long enough that only the signal can end it in time), and a hold of 0 answers at once."""
+    reader = await serve(backend, namespace, store, worker=False, hold=30)
+    runner = await serve(backend, namespace, store)
+    at_once = await serve(backend, namespace, store, worker=False, hold=0)
+    try:
+        task_id = await reader.wire.submit("sleeper", {"seconds": 0.5, "marker": f"held-{uuid.uuid4().hex}"})
+        assert (await at_once.wire.get(task_id))["result"]["status"] == "working"
+        held = (await reader.wire.get(task_id))["result"]
+        assert held["status"] == "completed", held
+        assert held["result"]["structuredContent"] == {"result": "slept"}
+    finally:
+        for served_ in (reader, runner, at_once):
+            await served_.wire.aclose()
+            served_.server.__exit__()
+
+
 async def test_a_raising_tool_completes_with_an_error_result_and_a_protocol_fault_fails(served: Served) -> None:
     raised = await served.wire.wait(await served.wire.submit("boom", {"text": "x"}))
     assert raised["status"] == "completed" and raised["result"]["isError"] is True

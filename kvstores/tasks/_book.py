@@ -19,6 +19,7 @@ from typing import Any, cast
 from kvstores._lease import LapseWatch
 from kvstores.errors import EncryptionKeyError, KVStoreError
 from kvstores.protocol import UNCHANGED, AtomicStore, EnumerateKeysStore, Unchanged, missing_methods
+from kvstores.tasks._changes import Changes
 from kvstores.tasks._record import TaskRecord, TaskState, check_transition, label
 
 __all__ = ["DEFAULT_LEASE", "DEFAULT_TTL", "QUEUE", "RECORDS", "SCAN_PAGE", "SIGNALS", "Change", "TaskBook"]
@@ -73,6 +74,8 @@ class TaskBook:
         """This engine's name as a lease holder: host, process id and a random part."""
         self._lapses = LapseWatch(self.lease)
         self._queued: dict[str, float] = {}  # ref -> when this holder last refreshed its queue entry
+        self.changes = Changes()
+        """The readers of this process waiting for a task to change (held ``tasks/get``)."""
 
     @property
     def _atomic(self) -> AtomicStore:

@@ -227,8 +227,10 @@ class Claims(TaskBook):
             if kept is not None:  # this run lost the task: its result names a lease nobody holds
                 await self._forget(kept)
             return False
+        self.changes.changed(claim.task_ref)  # readers held here answer at once; the signal wakes the others'
         if changed.state is not TaskState.WORKING:
             await self._unqueue(claim.task_ref)
+        await self._signal("done", claim.task_ref)
         return True
 
     async def _keep_result(self, claim: Claim, result: Any) -> str:

@@ -33,9 +33,10 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kvstores.errors import KVStoreError
-from kvstores.loop import stop
+from kvstores.loop import stop, wait_event
 from kvstores.signals import channel as signals_channel
-from kvstores.tasks._engine import DEFAULT_LEASE, DEFAULT_TTL, TaskEngine, iso
+from kvstores.tasks._book import logger
+from kvstores.tasks._engine import DEFAULT_LEASE, DEFAULT_TTL, SIGNALS, TaskEngine, iso, ref
 from kvstores.tasks._models import (
     MISSING_REQUIRED_CLIENT_CAPABILITY,
     CancelTaskResult,
@@ -59,6 +60,9 @@ __all__ = ["StoreTasks", "serve_worker"]
 
 _TASK_METHOD_VERSIONS = frozenset(MODERN_PROTOCOL_VERSIONS)
 
+DEFAULT_HOLD = 0.1
+"""Seconds a ``tasks/get`` of a running task waits for it to end: a quick tool's first poll finds it done."""
+
 
 class StoreTasks(ServerExtension):
     """Background tasks for ``@mcp.tool(task=True)``, kept on ``store``: ``mcp.add_extension(StoreTasks(store))``.
@@ -68,8 +72,10 @@ class StoreTasks(ServerExtension):
     by default), ``rescan`` (seconds between two safety rescans of the queue; signals wake
     workers at once), ``ttl`` (seconds a task is kept after its last change, reported as
     ``ttlMs``), ``run_once`` (names of tools never run twice: a task whose worker died fails
-    instead) and ``worker`` (False: this process serves tasks/* but runs none; ``kvstores
-    worker`` processes do).
+    instead), ``worker`` (False: this process serves tasks/* but runs none; ``kvstores
+    worker`` processes do) and ``hold`` (seconds a ``tasks/get`` of a running task waits for it to
+    end before it answers "working", at most the task's ``pollIntervalMs``; woken at once when the
+    task ends on any replica, :mod:`kvstores.tasks._changes`; 0: answer at once, as ``fastmcp-tasks``).
 
     ``FASTMCP_TASKS_ENCRYPTION_KEY`` (``fastmcp-tasks``' key for its context snapshots, in the
     environment or the ``.env`` file FastMCP reads) raises ValueError: nothing here reads it, and a
@@ -89,9 +95,13 @@ class StoreTasks(ServerExtension):
         ttl: float = DEFAULT_TTL,
         run_once: Collection[str] = (),
         worker: bool = True,
+        hold: float = DEFAULT_HOLD,
     ) -> None:
         _refuse_fastmcp_tasks_key()
+        if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not 0 <= hold <= 60:
+            raise ValueError(f"hold must be a number of seconds in [0, 60], not {hold!r}")
         self.engine = TaskEngine(store, lease=lease, ttl=ttl)
+        self.hold = float(hold)
         self.concurrency = concurrency
         self.rescan = rescan
         self.run_once = frozenset(run_once)
@@ -117,17 +127,28 @@ class StoreTasks(ServerExtension):
 
     @asynccontextmanager
     async def lifespan(self) -> AsyncGenerator[None, None]:
-        """Run this process's worker while the server runs."""
-        if not self.run_worker:
-            yield
-            return
-        self._local = worker = self.worker()
-        task = asyncio.get_running_loop().create_task(worker.run())
+        """Run this process's worker while the server runs, and hear the ends of tasks that held reads wait for."""
+        changes = self.engine.changes
+        unsubscribe = None
+        if self.hold > 0:
+            try:
+                unsubscribe = await signals_channel(self.engine.store).listen(
+                    SIGNALS, changes.on_message, changes.on_gap
+                )
+            except (KVStoreError, TypeError, OSError) as exc:  # held reads then wake for this process's runs only
+                logger.warning("tasks: no signal channel (%s); tasks/get waits for runs of this process only", exc)
+        task = None
+        if self.run_worker:
+            self._local = worker = self.worker()
+            task = asyncio.get_running_loop().create_task(worker.run())
         try:
             yield
         finally:
             self._local = None
-            await stop(task)  # its subscription to the signal channel ends with it
+            if task is not None:
+                await stop(task)  # its subscription to the signal channel ends with it
+            if unsubscribe is not None:
+                unsubscribe()
 
     def worker(self) -> Worker:
         """A worker that runs this server's tasks (the lifespan runs one; ``kvstores worker`` too)."""
@@ -229,7 +250,14 @@ class StoreTasks(ServerExtension):
     # The methods past their gates, for the caller's principal (``fastmcp_tasks.handlers``' three functions).
 
     async def _get(self, task_id: str) -> GetTaskResult:
-        record = await _stored(self.engine.read(task_id, _scope()))
+        scope = _scope()
+        with self.engine.changes.watching(ref(task_id)) as changed:  # before the read: no change is missed
+            record = await _stored(self.engine.read(task_id, scope))
+            hold = (
+                0.0 if record is None or record.state is not TaskState.WORKING else min(self.hold, record.poll_ms / 1e3)
+            )
+            if hold > 0 and await wait_event(changed, hold):
+                record = await _stored(self.engine.read(task_id, scope))
         if record is None:
             raise _not_found(task_id)
         return _detailed(record)
