@@ -20,7 +20,7 @@ from kvstores.bench._run import BATCHING_OFF
 from kvstores.bench._scenarios import BATCHING_OPERATIONS, KV_OPERATIONS
 from kvstores.bench._targets import evaluate
 from kvstores.bench._tasks import DOCKET, TASKS_GROUP, docket_python
-from tests.support import Backend, free_port
+from tests.support import Backend, free_port, interruptible
 from tests.support.fixtures import rows as backend_rows
 
 pytest.importorskip("rich")
@@ -375,7 +375,7 @@ def test_ctrl_c_stops_the_bench_and_its_servers_in_one_line(tmp_path: Path) -> N
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # Ctrl-C as at a terminal, however run
+        preexec_fn=interruptible,
     )
     try:
         children = Path(f"/proc/{child.pid}/task/{child.pid}/children")

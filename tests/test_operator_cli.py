@@ -20,7 +20,7 @@ import pytest
 
 from kvstores import open_store
 from kvstores.cli import main
-from tests.support import Backend, free_port
+from tests.support import Backend, free_port, interruptible
 from tests.support import cli_targets as targets
 from tests.support.fixtures import rows_with, start_row
 
@@ -534,6 +534,7 @@ def test_copy_interrupted_by_sigint_still_ends_with_its_summary(tmp_path: Path) 
             cwd=ROOT,
             env=environment,
             pass_fds=(pausing,),
+            preexec_fn=interruptible,
         ) as child:
             os.close(pausing)
             pausing = -1

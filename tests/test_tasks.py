@@ -93,6 +93,22 @@ async def test_a_quick_tools_first_poll_finds_it_done(served: Served) -> None:
         assert first["result"]["structuredContent"] == {"result": f"echo {text}"}
 
 
+async def test_tasks_submitted_to_a_busy_worker_keep_to_its_concurrency(
+    backend: Backend, namespace: str, store: Any
+) -> None:
+    """Tasks submitted here run here claimed as they are written while a slot is free, and never more at once
+    than ``concurrency``: the slot is taken before the submit and the rest wait for the queue."""
+    served = await serve(backend, namespace, store, concurrency=2)
+    try:
+        ids = await asyncio.gather(*(served.wire.submit("overlap", {"seconds": 0.3}) for _ in range(6)))
+        done = [await served.wire.wait(task_id) for task_id in ids]
+        assert {task["status"] for task in done} == {"completed"}, done
+        assert max(task["result"]["structuredContent"]["result"] for task in done) == 2
+    finally:
+        await served.wire.aclose()
+        served.server.__exit__()
+
+
 @pytest.mark.parametrize("backend", rows_with("persistent"), indirect=True)
 async def test_a_held_poll_wakes_when_another_replica_ends_the_task(
     backend: Backend, namespace: str, store: Any

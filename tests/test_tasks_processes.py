@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from kvstores._sealing import generate_key
-from tests.support import Backend
+from tests.support import Backend, interruptible
 from tests.support.fixtures import rows
 from tests.support.tasks import TaskWire, replicas, run_log, started, task_servers
 
@@ -108,7 +108,7 @@ def _cli_worker(command: list[str], environment: dict[str, str], log: Any) -> An
         env=environment,
         stdout=log,
         stderr=log,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # Ctrl-C as at a terminal, however run
+        preexec_fn=interruptible,
     )
 
 

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kvstores._lease import Lease
 from kvstores._telemetry import span
 from kvstores.errors import KVStoreError
 from kvstores.tasks._book import DEFAULT_LEASE, DEFAULT_TTL, QUEUE, RECORDS, SIGNALS, logger
@@ -73,8 +74,14 @@ class TaskEngine(Claims):
         caller: Mapping[str, Any],
         poll_interval_ms: int,
         rerun: bool = True,
+        claim: bool = False,
     ) -> TaskRecord:
         """Write a new task and return its record; once this returns, every replica knows the task.
+
+        ``claim``: the task is written already leased to this engine (token 1, first attempt), for
+        a worker of this process to run at once (:meth:`Worker.run_claimed`): no claim's round
+        trips, no signal. Should that worker die, the lease lapses and another takes the task over,
+        as any lease.
 
         The record is written first, then its queue entry: a record the store refuses (too
         large, not JSON) leaves nothing behind, and a queue entry always names a stored task.
@@ -96,6 +103,8 @@ class TaskEngine(Claims):
             ttl_ms=int(self.ttl * 1000),
             poll_ms=poll_interval_ms,
         )
+        if claim:
+            record = dataclasses.replace(record, lease=Lease(self.worker_id, 1, now + self.lease), token=1, attempts=1)
         task_ref = record.ref
         with span("kvstores.tasks submit", {"kvstores.task": label(task_ref), "kvstores.task.tool": tool}):
             if not await self._atomic.put_if_absent(task_ref, record.to_json(), collection=RECORDS, ttl=self.ttl):
@@ -108,7 +117,10 @@ class TaskEngine(Claims):
                 except KVStoreError as exc:
                     logger.warning("tasks: could not delete task %s after a failed submit: %s", label(task_ref), exc)
                 raise
-            await self.wake(task_ref)
+            if claim:
+                self._queued[task_ref] = time.monotonic()
+            else:
+                await self.wake(task_ref)
         return record
 
     async def read(self, task_id: str, scope: str | None) -> TaskRecord | None:

@@ -36,7 +36,7 @@ from kvstores.errors import KVStoreError
 from kvstores.loop import stop, wait_event
 from kvstores.signals import channel as signals_channel
 from kvstores.tasks._book import logger
-from kvstores.tasks._engine import DEFAULT_LEASE, DEFAULT_TTL, SIGNALS, TaskEngine, iso, ref
+from kvstores.tasks._engine import DEFAULT_LEASE, DEFAULT_TTL, SIGNALS, Claim, TaskEngine, iso, ref
 from kvstores.tasks._models import (
     MISSING_REQUIRED_CLIENT_CAPABILITY,
     CancelTaskResult,
@@ -208,6 +208,8 @@ class StoreTasks(ServerExtension):
 
         _validate(await registered_component(context.fastmcp, tool), arguments, context.fastmcp.strict_input_validation)
         caller = _caller(context)
+        local = self._local
+        here = local is not None and local.reserve()  # a free slot here runs it, claimed as it is written
         try:
             record = await self.engine.submit(
                 tool=tool.name,
@@ -217,13 +219,20 @@ class StoreTasks(ServerExtension):
                 caller=caller,
                 poll_interval_ms=int(poll.total_seconds() * 1000),
                 rerun=tool.name not in self.run_once,
+                claim=here,
             )
-        except KVStoreError as exc:
-            raise MCPError(
-                code=INTERNAL_ERROR, message=f"the task could not be stored, so it was not created: {exc}"
-            ) from exc
-        if self._local is not None:
-            self._local.offer(record.ref)  # a free slot here takes it without the signal's round trip
+        except BaseException as exc:
+            if here and local is not None:
+                local.unreserve()
+            if isinstance(exc, KVStoreError):
+                raise MCPError(
+                    code=INTERNAL_ERROR, message=f"the task could not be stored, so it was not created: {exc}"
+                ) from exc
+            raise
+        if here and local is not None:
+            local.run_claimed(Claim(record, record.token))
+        elif local is not None:
+            local.offer(record.ref)  # a slot that frees here takes it without the signal's round trip
         return CreateTaskResult(
             task_id=record.id,
             status="working",

@@ -79,6 +79,8 @@ class Worker:
         self._hints: list[str] = []
         self._wake = asyncio.Event()
         self._full_scan = True
+        self._reserved = 0  # slots taken by tasks this process is submitting already claimed (reserve())
+        self._stopped = False
         self._cursor: str | None = None  # where the next scan of the queue starts (None: at its start)
 
     async def run(self) -> None:
@@ -105,12 +107,33 @@ class Worker:
                 except (KVStoreError, OSError) as exc:
                     logger.warning("tasks: pickup failed (%s); retrying at the next rescan", exc)
         finally:
+            self._stopped = True
             if unsubscribe is not None:
                 unsubscribe()
             tasks = list(self.running.values())
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def reserve(self) -> bool:
+        """Take a free slot for a task this process submits already claimed (``submit(claim=True)``);
+        False when none is free. Hand the slot to :meth:`run_claimed`, or give it back with :meth:`unreserve`."""
+        if self._stopped or len(self.running) + self._reserved >= self.concurrency:
+            return False
+        self._reserved += 1
+        return True
+
+    def unreserve(self) -> None:
+        """Give back a slot :meth:`reserve` took (the submit failed)."""
+        self._reserved -= 1
+        self._wake.set()
+
+    def run_claimed(self, claim: Claim) -> None:
+        """Run a task submitted here already claimed, in the slot :meth:`reserve` took (a stopped worker
+        runs nothing: the lease lapses and another worker takes the task over)."""
+        self._reserved -= 1
+        if not self._stopped:
+            self._start(claim)
 
     def offer(self, task_ref: str) -> None:
         """A task just submitted in this process (by its ref): claim it at the next turn if a slot is free."""
@@ -138,7 +161,7 @@ class Worker:
             self._full_scan = False
             candidates += [task_ref for task_ref in await self._scan() if task_ref not in candidates]
         for index, task_ref in enumerate(candidates):
-            if len(self.running) >= self.concurrency:
+            if len(self.running) + self._reserved >= self.concurrency:
                 # what did not fit waits for a free slot: the hinted refs as they are, the rest by a scan
                 self._hints[:0] = candidates[index:hinted]
                 self._full_scan = self._full_scan or len(candidates) > hinted
@@ -159,7 +182,7 @@ class Worker:
         found: list[str] = []
         start = after = self._cursor
         wrapped = False  # past the queue's end, reading from its start up to ``start``
-        while len(found) < self.concurrency - len(self.running):
+        while len(found) < self.concurrency - len(self.running) - self._reserved:
             page = await self.engine.runnable(self.scan_page, after=after)
             last = len(page) < self.scan_page
             if wrapped and start is not None and page and page[-1] >= start:

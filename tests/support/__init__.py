@@ -82,6 +82,7 @@ import itertools
 import multiprocessing
 import os
 import random
+import signal
 import socket
 import subprocess
 import threading
@@ -362,6 +363,16 @@ def run_in_thread(work: Callable[[], Coroutine[Any, Any, T]], what: str, timeout
     if failure:
         raise failure[0]
     return results[0]
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a child the test stops with SIGINT: Ctrl-C as at a terminal, however the tests run.
+
+    A shell's background job (``.ci/run &``, a CI runner) ignores SIGINT, and children inherit an
+    ignored signal: Python then installs no KeyboardInterrupt handler, asyncio.run none of its own,
+    and the child never hears the SIGINT.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop_process(process: subprocess.Popen[Any], timeout: float = 15) -> None:

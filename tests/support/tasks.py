@@ -103,6 +103,19 @@ def build_server(store: Any, *, auth: bool = False, **options: Any) -> FastMCP:
             await asyncio.sleep(pause)
         return "reported"
 
+    running = [0, 0]  # tools of ``overlap`` running now, and the most that ever ran at once
+
+    @mcp.tool(task=True)
+    async def overlap(seconds: float) -> int:
+        """Sleeps; answers the most ``overlap`` runs this server ever had at once (its worker's concurrency)."""
+        running[0] += 1
+        running[1] = max(running)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            running[0] -= 1
+        return running[1]
+
     @mcp.tool(task=True)
     async def fault() -> str:
         raise MCPError(code=-32001, message="a protocol fault")
