@@ -93,6 +93,13 @@ async def test_a_quick_tools_first_poll_finds_it_done(served: Served) -> None:
         assert first["result"]["structuredContent"] == {"result": f"echo {text}"}
 
 
+async def test_a_task_started_by_its_submitting_server_runs_outside_the_request(served: Served) -> None:
+    """A task claimed as it is submitted starts from the tools/call handler, yet its tool runs in the worker's
+    context: no request context of the submitting call (FastMCP's own test_context_wiring_in_background_task)."""
+    done = await served.wire.wait(await served.wire.submit("background", {}))
+    assert done["result"]["structuredContent"] == {"is_background": True, "no_request_context": True}, done
+
+
 async def test_tasks_submitted_to_a_busy_worker_keep_to_its_concurrency(
     backend: Backend, namespace: str, store: Any
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 from collections.abc import Callable, Coroutine
@@ -82,11 +83,13 @@ class Worker:
         self._reserved = 0  # slots taken by tasks this process is submitting already claimed (reserve())
         self._stopped = False
         self._cursor: str | None = None  # where the next scan of the queue starts (None: at its start)
+        self._context: contextvars.Context | None = None  # the run loop's: every tool runs in a copy of it
 
     async def run(self) -> None:
         """Serve until cancelled; running tools are cancelled with it (their tasks run again elsewhere)."""
         from kvstores.signals import channel
 
+        self._context = contextvars.copy_context()
         unsubscribe = None
         try:
             unsubscribe = await channel(self.engine.store).listen(SIGNALS, self._on_message, self._on_gap)
@@ -199,7 +202,11 @@ class Worker:
         return found
 
     def _start(self, claim: Claim) -> None:
-        task = asyncio.get_running_loop().create_task(self._run(claim), name=f"kvstores task {label(claim.task_ref)}")
+        # in the worker's context, also when run_claimed() is called from a tools/call: a background
+        # tool sees no request, session or caller of the submitting request (the runner sets its own)
+        context = None if self._context is None else self._context.copy()
+        name = f"kvstores task {label(claim.task_ref)}"
+        task = asyncio.get_running_loop().create_task(self._run(claim), name=name, context=context)
         self.running[claim.task_ref] = task
 
         def done(_: asyncio.Task[None]) -> None:

@@ -117,6 +117,11 @@ def build_server(store: Any, *, auth: bool = False, **options: Any) -> FastMCP:
         return running[1]
 
     @mcp.tool(task=True)
+    async def background(ctx: Context) -> dict[str, bool]:
+        """What the tool's context says of its run: a background task, with no request of its own."""
+        return {"is_background": ctx.is_background_task, "no_request_context": ctx.request_context is None}
+
+    @mcp.tool(task=True)
     async def fault() -> str:
         raise MCPError(code=-32001, message="a protocol fault")
 
