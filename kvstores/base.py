@@ -82,6 +82,7 @@ class BaseStore(AtomicOperations, Encryption, Batching):
             batching = self.batching_default and flag(os.environ.get(BATCHING_VARIABLE, "on"))
         self.batching = batching
         self._trace_if_active()
+        self._reads = self._writes = None  # on the instance: the hot path's look-up stops there
         if batching:
             self._start_batching()
 
