@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 _SUITE = """
 import asyncio
 import socket
+import subprocess
+import sys
 import tracemalloc
 
 import pytest
@@ -50,6 +52,13 @@ def test_leaves_a_pending_task():
     task.me = task
 
 
+ORPHAN = "import os, time; parent = os.getppid()\\nwhile os.getppid() == parent: time.sleep(0.05)"
+
+
+def test_leaves_a_child_process_running():
+    subprocess.Popen([sys.executable, "-c", ORPHAN])  # it ends when this pytest does, killed or not
+
+
 def test_closes_what_it_opens():
     with socket.socket():
         pass
@@ -72,9 +81,10 @@ def run_suite(tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]
 
 def test_each_leak_fails_the_test_that_left_it(tmp_path: Path) -> None:
     result = run_suite(tmp_path, "-p", "tests.support.leaks")
-    assert "4 passed, 3 errors" in result.stdout, result.stdout
+    assert "5 passed, 4 errors" in result.stdout, result.stdout
     errors = sorted(line for line in result.stdout.splitlines() if line.startswith("ERROR "))
     assert [line.split(" - ")[0] for line in errors] == [
+        "ERROR test_suite.py::test_leaves_a_child_process_running",
         "ERROR test_suite.py::test_leaves_a_pending_task",
         "ERROR test_suite.py::test_leaves_a_socket_in_a_cycle",
         "ERROR test_suite.py::test_leaves_its_fixture_socket",
@@ -82,9 +92,11 @@ def test_each_leak_fails_the_test_that_left_it(tmp_path: Path) -> None:
     assert "test_suite.py::test_leaves_a_socket_in_a_cycle left 1 resource(s) unclosed" in result.stdout
     assert "unclosed <socket.socket" in result.stdout
     assert "Task was destroyed but it is pending!" in result.stdout
-    assert 'test_suite.py", line 14' in result.stdout, "tracemalloc's traceback names where the socket was made"
+    assert "still running after the test: killed" in result.stdout and "while os.getppid() == parent" in result.stdout
+    assert "subprocess" not in result.stdout.split("test_leaves_a_child_process_running")[-1], "not named again later"
+    assert 'test_suite.py", line 16' in result.stdout, "tracemalloc's traceback names where the socket was made"
 
 
 def test_without_the_check_the_leaking_tests_pass(tmp_path: Path) -> None:
     result = run_suite(tmp_path)
-    assert "4 passed" in result.stdout, result.stdout
+    assert "5 passed" in result.stdout, result.stdout

@@ -27,7 +27,8 @@ import pytest
 from kvstores._sealing import generate_key
 from tests.support import Backend, interruptible
 from tests.support.fixtures import rows
-from tests.support.tasks import TaskWire, replicas, run_log, started, task_servers
+from tests.support.haproxy import HAProxy
+from tests.support.tasks import TaskServer, TaskWire, replicas, run_log, started, task_servers
 
 pytestmark = pytest.mark.anyio
 
@@ -40,9 +41,9 @@ async def test_a_task_created_on_one_replica_is_known_on_another_at_once(
     backend: Backend, namespace: str, tmp_path: Path
 ) -> None:
     first, second = task_servers(backend, namespace, tmp_path, 2)
-    first.start()
-    second.start()
     async with replicas([first, second]) as (a, b):
+        first.start()
+        second.start()
         for _ in range(20):
             task_id = await a.submit("echo", {"text": "x"})
             assert "result" in await b.get(task_id)
@@ -58,13 +59,14 @@ async def test_the_worker_and_tasks_commands(backend: Backend, namespace: str, t
 
     url = backend.full_url(namespace)
     [serving] = task_servers(backend, namespace, tmp_path, 1, "--no-worker")
-    serving.start()
     wire = TaskWire(serving.url)
     environment = {**os.environ, "KVSTORES_URL": url}
     command = [sys.executable, "-m", "kvstores.cli"]
     log = (tmp_path / "worker.log").open("wb")
-    worker = _cli_worker(command, environment, log)
+    worker = None
     try:
+        serving.start()
+        worker = _cli_worker(command, environment, log)
         done = await wire.wait(await wire.submit("echo", {"text": "secret-argument"}), within=60)
         assert done["result"]["structuredContent"] == {"result": "echo secret-argument"}
         sleeping = await wire.submit("sleeper", {"seconds": 60, "marker": uuid.uuid4().hex})
@@ -92,7 +94,8 @@ async def test_the_worker_and_tasks_commands(backend: Backend, namespace: str, t
         assert "Traceback" not in (tmp_path / "worker.log").read_text()
     finally:
         await wire.aclose()
-        stop_process(worker)
+        if worker is not None:
+            stop_process(worker)
         log.close()
         serving.stop()
 
@@ -116,12 +119,18 @@ def _cli_worker(command: list[str], environment: dict[str, str], log: Any) -> An
 async def test_three_replicas_behind_haproxy(backend: Backend, namespace: str, tmp_path: Path) -> None:
     """Submit and poll through the balancer; kill the replica running a task: it finishes elsewhere, once;
     stop every replica mid-task and start them again: the task still completes."""
-    from tests.support.haproxy import HAProxy
+    servers = task_servers(backend, namespace, tmp_path, 3)
+    async with replicas(servers):
+        for server in servers:
+            server.start()
+        proxy = HAProxy([server.port for server in servers], tmp_path).start()
+        try:
+            await _survives_kills_and_restarts(servers, proxy)
+        finally:
+            proxy.stop()
 
-    replicas = task_servers(backend, namespace, tmp_path, 3)
-    for replica in replicas:
-        replica.start()
-    proxy = HAProxy([replica.port for replica in replicas], tmp_path).start()
+
+async def _survives_kills_and_restarts(replicas: list[TaskServer], proxy: HAProxy) -> None:
     wire = TaskWire(proxy.url)
     try:
         task_id, marker = await _started(wire, "counted", 30)
@@ -147,9 +156,6 @@ async def test_three_replicas_behind_haproxy(backend: Backend, namespace: str, t
         assert (await run_log(wire, second))["runs"]["runs"] >= 2  # each replica stopped in turn may have taken it
     finally:
         await wire.aclose()
-        proxy.stop()
-        for replica in replicas:
-            replica.stop()
 
 
 @pytest.mark.parametrize("backend", PROCESS_ROWS, indirect=True)
@@ -157,9 +163,9 @@ async def test_a_task_whose_worker_was_killed_runs_again_elsewhere(
     backend: Backend, namespace: str, tmp_path: Path
 ) -> None:
     servers = task_servers(backend, namespace, tmp_path, 2)
-    for server in servers:
-        server.start()
     async with replicas(servers) as wires:
+        for server in servers:
+            server.start()
         task_id, marker = await _started(wires[0], "counted", 30)
         pids = [server.process.pid for server in servers]  # type: ignore[union-attr]
         running = pids.index((await run_log(wires[0], marker))["runs"]["pid"])
@@ -178,8 +184,8 @@ async def test_a_tool_that_opts_out_of_reruns_fails_when_its_worker_dies(
     backend: Backend, namespace: str, tmp_path: Path
 ) -> None:
     first, second = task_servers(backend, namespace, tmp_path, 2, "--lease", "2")
-    first.start()
     async with replicas([first, second]) as (a, b):
+        first.start()
         task_id, marker = await _started(a, "once", 30)
         second.start()
         first.signal(signal.SIGKILL)
@@ -191,8 +197,8 @@ async def test_a_tool_that_opts_out_of_reruns_fails_when_its_worker_dies(
 @pytest.mark.parametrize("backend", PROCESS_ROWS, indirect=True)
 async def test_a_frozen_worker_never_overwrites_the_rerun(backend: Backend, namespace: str, tmp_path: Path) -> None:
     first, second = task_servers(backend, namespace, tmp_path, 2, "--lease", "1.5")
-    first.start()
     async with replicas([first, second]) as (a, b):
+        first.start()
         task_id, marker = await _started(a, "counted", 3)
         first.signal(signal.SIGSTOP)
         second.start()
@@ -214,9 +220,9 @@ async def test_a_worker_with_the_wrong_key_fails_the_task_naming_it(
     right, wrong = generate_key(), generate_key()
     [serving] = task_servers(backend, namespace, tmp_path, 1, "--no-worker", options={"encryption_keys": [right]})
     [worker] = task_servers(backend, namespace, tmp_path, 1, "--no-http", options={"encryption_keys": [wrong]})
-    serving.start()
-    worker.start()
     async with replicas([serving, worker]) as (wire, _):
+        serving.start()
+        worker.start()
         marker = uuid.uuid4().hex
         task_id = await wire.submit("counted", {"seconds": 0, "marker": marker})
         failed = await wire.wait(task_id, within=30, pause=0.2)
@@ -228,8 +234,8 @@ async def test_a_worker_with_the_wrong_key_fails_the_task_naming_it(
 @pytest.mark.parametrize("backend", PROCESS_ROWS, indirect=True)
 async def test_a_stopped_server_gives_its_running_task_back(backend: Backend, namespace: str, tmp_path: Path) -> None:
     first, second = task_servers(backend, namespace, tmp_path, 2)
-    first.start()
     async with replicas([first, second]) as (a, b):
+        first.start()
         task_id, marker = await _started(a, "counted", 30)
         second.start()
         first.stop()  # SIGTERM: a clean shutdown

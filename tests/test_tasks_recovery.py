@@ -43,9 +43,9 @@ async def test_a_killed_workers_task_runs_again_under_steady_submits(
 ) -> None:
     """Submits every 0.2 s wake every worker; the scan for lapsed leases must not wait for a quiet moment."""
     servers = task_servers(backend, namespace, tmp_path, 2, "--lease", "2")
-    for server in servers:
-        server.start()
     async with replicas(servers) as wires:
+        for server in servers:
+            server.start()
         task_id = await _start(wires[0], "counted", {"seconds": 60}, "killed-under-traffic")
         running = await _running_on(wires, servers, "killed-under-traffic")
         survivor = wires[1 - running]
@@ -67,9 +67,9 @@ async def test_a_task_longer_than_its_ttl_runs_again_when_its_worker_dies(
     backend: Backend, namespace: str, tmp_path: Path
 ) -> None:
     servers = task_servers(backend, namespace, tmp_path, 2, "--lease", "1.5", "--ttl", "10")
-    for server in servers:
-        server.start()
     async with replicas(servers) as wires:
+        for server in servers:
+            server.start()
         task_id = await _start(wires[0], "counted", {"seconds": 60}, "outlives-ttl")
         await asyncio.sleep(11)  # past the TTL the task was submitted with: renewals must have kept it queued
         assert (await wires[0].get(task_id))["result"]["status"] == "working"
@@ -86,9 +86,9 @@ async def test_an_outage_longer_than_the_lease_neither_reruns_nor_fails_live_tas
     with own_redis(tmp_path) as redis_server:
         url = f"redis://127.0.0.1:{redis_server.port}/0"
         servers = [TaskServer(url, {"timeout": 1.0}, tmp_path, extra=["--lease", "3"]) for _ in range(2)]
-        for server in servers:
-            server.start()
         async with replicas(servers) as wires:
+            for server in servers:
+                server.start()
             once = await _start(wires[0], "once", {"seconds": 2}, "outage-once")
             reporting = await wires[0].submit("reporter", {"steps": 8, "pause": 0.5})
             for _ in range(600):  # until its first progress is stored (at most 30 s)

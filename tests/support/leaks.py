@@ -20,24 +20,34 @@ memory and SQLite rows), and the automatic collections during the tests get chea
 alive at the freeze that later become cyclic garbage are never freed; they are the import-time heap,
 which the process keeps to its end anyway.
 
-Open descriptors are not counted: session fixtures' servers (some in this process, on threads of
-their own) open and close sockets for other tests' clients whenever their threads get to it, so a
-count before and after a test is not exact on a shared loopback.
+Child processes are counted: one the test's body started (not its fixtures, which stop their own)
+and that still runs after its teardown fails the test and is killed, so that it neither loads the
+tests after it nor is reported in one of them (a failed test's traceback keeps its ``Popen`` alive
+past the next test). Open descriptors are not counted: session fixtures' servers (some in this process,
+on threads of their own) open and close sockets for other tests' clients whenever their threads get
+to it, so a count before and after a test is not exact on a shared loopback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import os
+import signal
 import sys
+import time
 import tracemalloc
 import warnings
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
-__all__ = ["collect_leaks", "pytest_collection_finish", "pytest_runtest_teardown"]
+__all__ = ["collect_leaks", "pytest_collection_finish", "pytest_runtest_call", "pytest_runtest_teardown"]
+
+_CHILDREN_BEFORE = pytest.StashKey[set[int]]()
 
 
 class _Recorder(logging.Handler):
@@ -102,6 +112,56 @@ def collect_leaks(item: pytest.Item) -> list[str]:
     return leaks
 
 
+def _running_children() -> set[int]:
+    """This process's child processes that still run (an exited one not yet waited for aside)."""
+    pids: set[int] = set()
+    for listing in Path("/proc/self/task").glob("*/children"):
+        try:
+            pids.update(int(pid) for pid in listing.read_text().split())
+        except OSError:  # the thread ended meanwhile
+            continue
+    running = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            running.add(pid)
+    return running
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return "?"
+
+
+def kill_left_children(item: pytest.Item) -> list[str]:
+    """The child processes the test's body started that still run, each killed (SIGKILL) once named."""
+    before = item.stash.get(_CHILDREN_BEFORE, None)
+    if before is None:
+        return []
+    left = sorted(_running_children() - before)
+    named = [f"child process {pid} ({_command(pid)}) still running after the test: killed" for pid in left]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for _ in range(200):  # until each has exited (its owner, a Popen or asyncio, waits for it): 2 s at most
+        if not _running_children() & set(left):
+            break
+        time.sleep(0.01)
+    return named
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Note the child processes that run before the test's body (its fixtures' among them)."""
+    item.stash[_CHILDREN_BEFORE] = _running_children()
+    return (yield)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Freeze what collection left alive, so each test's collection scans only what came after."""
     gc.collect()
@@ -114,11 +174,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     try:
         yield
     except BaseException as exc:
-        leaks = collect_leaks(item)  # freed now, so that the next test is not blamed for them
+        leaks = kill_left_children(item) + collect_leaks(item)  # now, so that the next test is not blamed
         if leaks:
             exc.add_note(_message(item, nextitem, leaks))
         raise
-    leaks = collect_leaks(item)
+    leaks = kill_left_children(item) + collect_leaks(item)
     if leaks:
         pytest.fail(_message(item, nextitem, leaks), pytrace=False)
 
@@ -131,4 +191,4 @@ def _message(item: pytest.Item, nextitem: pytest.Item | None, leaks: list[str]) 
     if not tracemalloc.is_tracing():
         notes.append("PYTHONTRACEMALLOC=20 shows where each was allocated")
     hints = "".join(f"\n({note})" for note in notes)
-    return f"{item.nodeid} left {len(leaks)} resource(s) unclosed to the garbage collector:\n{listed}{hints}"
+    return f"{item.nodeid} left {len(leaks)} resource(s) unclosed:\n{listed}{hints}"
