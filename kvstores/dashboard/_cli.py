@@ -13,8 +13,10 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import signal
 import socket
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,7 +117,7 @@ async def serve(store: Any, spec: str, chosen: Settings) -> int:
         interval=chosen.interval,
     )
     config = uvicorn.Config(application, log_config=None, log_level="warning", access_log=False, lifespan="on")
-    server = uvicorn.Server(config)
+    server = _server_class(uvicorn.Server)(config)
     port = sock.getsockname()[1]
     shown = f"[{chosen.host}]" if family == socket.AF_INET6 else chosen.host
     announce = asyncio.get_running_loop().create_task(_announce(server, f"http://{shown}:{port}/", chosen.token))
@@ -127,6 +129,25 @@ async def serve(store: Any, spec: str, chosen: Settings) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             await announce
     return 0 if server.started else 1
+
+
+def _server_class(base: type[Any]) -> type[Any]:
+    """uvicorn's Server, stopping on SIGTERM and SIGINT without re-raising the signal afterwards (uvicorn's own
+    does, so the process would die of it instead of closing its store and exiting 0)."""
+
+    class Server(base):  # type: ignore[misc]
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            loop = asyncio.get_running_loop()
+            for number in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(number, self.handle_exit, number, None)
+            try:
+                yield
+            finally:
+                for number in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(number)
+
+    return Server
 
 
 async def _announce(server: Any, url: str, token: str | None) -> None:
