@@ -156,6 +156,7 @@ function stateCell(r) {
 
 async function showTask(label) {
   openTask = label;
+  $("detail").style.top = document.querySelector("header").offsetHeight + "px";  // the token form stays usable
   $("detail").hidden = false;
   await refreshDetail();
 }
