@@ -285,3 +285,11 @@ def test_the_events_collection_is_the_event_stores() -> None:
     from kvstores.events import EVENTS_COLLECTION as used
 
     assert used == EVENTS_COLLECTION
+
+
+def test_the_demo_ends_with_the_dashboard_command_of_its_store() -> None:
+    from kvstores.demo import _dashboard_command
+
+    assert _dashboard_command("sqlite:///demo state.db") == "kvstores dashboard 'sqlite:///demo state.db'"
+    command = _dashboard_command(f"redis://app:{SECRET}@cache:6379/0")
+    assert command == "kvstores dashboard 'redis://app:***@cache:6379/0'" and SECRET not in command
