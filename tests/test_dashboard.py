@@ -12,6 +12,7 @@ import subprocess
 import sys
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -21,7 +22,7 @@ from kvstores.dashboard import app
 from kvstores.dashboard._collect import Collector
 from kvstores.tasks import TaskEngine, TaskState
 from tests.support import Backend
-from tests.support.dashboard import OPERATOR_TOKEN, ROOT, SECRET, assert_no_secret, dashboard, seed
+from tests.support.dashboard import OPERATOR_TOKEN, ROOT, SECRET, assert_no_secret, dashboard, seed, seed_many
 from tests.support.fixtures import rows
 
 pytestmark = pytest.mark.anyio
@@ -147,6 +148,45 @@ async def _ref(store: Any, label: str) -> str:
     keys = await store.keys("kvstores-tasks", limit=1, after=label[1:])
     assert keys and keys[0].startswith(label[1:])
     return str(keys[0])
+
+
+@pytest.mark.parametrize("backend", rows("sqlite"), indirect=True)
+async def test_thousands_of_tasks_are_counted_in_bounded_steps_and_paged(
+    backend: Backend, namespace: str, store: Any
+) -> None:
+    labels = await seed_many(store, 2_500)
+    with dashboard(backend.full_url(namespace)) as served:
+        async with httpx.AsyncClient(base_url=served.url) as client:
+            first = (await client.get("/api/state")).json()["tasks"]
+            assert not first["complete"] and first["total"] == 500  # one page of keys per sample
+            for _ in range(200):  # a sample every 0.5 s: five of them sweep 2,500 records
+                counted = (await client.get("/api/state")).json()["tasks"]
+                if counted["complete"]:
+                    break
+                await anyio.sleep(0.1)
+            assert counted["complete"] and counted["total"] == 2_500
+            assert counted["states"] == {
+                "working": 500,
+                "input_required": 500,
+                "completed": 500,
+                "failed": 500,
+                "cancelled": 500,
+            }
+            seen: list[str] = []
+            after = None
+            for _ in range(60):
+                page = (await client.get("/api/tasks", params={"after": after} if after else {})).json()
+                assert len(page["rows"]) <= 50 and page["scanned"] <= 5 * 200
+                seen += [row["task"] for row in page["rows"]]
+                after = page["next"]
+                if after is None:
+                    break
+            failed = (await client.get("/api/tasks", params={"state": "failed", "tool": "bulk1"})).json()
+    assert seen == sorted(labels) and len(seen) == 2_500
+    assert {row["state"] for row in failed["rows"]} == {"failed"} and {row["tool"] for row in failed["rows"]} == {
+        "bulk1"
+    }
+    assert failed["scanned"] <= 1_000
 
 
 def _run(*arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

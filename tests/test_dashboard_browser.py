@@ -19,7 +19,7 @@ import pytest
 
 from kvstores.tasks import TaskEngine, TaskState
 from tests.support import Backend
-from tests.support.dashboard import OPERATOR_TOKEN, SECRET, assert_no_secret, dashboard, seed
+from tests.support.dashboard import OPERATOR_TOKEN, SECRET, assert_no_secret, dashboard, seed, seed_many
 from tests.support.fixtures import rows, skip_or_fail
 
 pytestmark = pytest.mark.anyio
@@ -28,6 +28,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 playwright_api = pytest.importorskip("playwright.async_api")
 expect = playwright_api.expect
+expect.set_options(timeout=30_000)  # a loaded 2-core machine running 4 workers: waits on events, never on time
 
 
 @pytest.fixture
@@ -163,5 +164,31 @@ async def test_a_rebound_host_name_gets_nothing(backend: Backend, namespace: str
             await page.click(f'tr[data-task="{seeded.running[0]}"]')
             await expect(page.locator("#detail")).to_contain_text("read-only")
             await expect(page.locator("#cancel")).to_have_count(0)
+        finally:
+            await context.close()
+
+
+@pytest.mark.parametrize("backend", rows("redis"), indirect=True)
+async def test_thousands_of_tasks_page_in_the_browser(
+    backend: Backend, namespace: str, store: Any, browser: Any
+) -> None:
+    labels = await seed_many(store, 3_000)
+    with dashboard(backend.full_url(namespace)) as served:
+        context = await browser.new_context()
+        try:
+            page = await context.new_page()
+            await page.goto(served.url + "/")
+            shown = page.locator("#task-rows tr[data-task]")
+            await expect(shown).to_have_count(50)
+            await expect(page.locator("#task-scope")).to_have_text("· 3000")  # the first sweep is complete
+            first = await shown.evaluate_all("(rows) => rows.map((row) => row.dataset.task)")
+            await page.click("#next")
+            await expect(shown.first).not_to_have_attribute("data-task", first[0])
+            following = await shown.evaluate_all("(rows) => rows.map((row) => row.dataset.task)")
+            assert len(following) == 50 and following == sorted(labels)[50:100]
+            await page.click("#first")
+            await expect(shown.first).to_have_attribute("data-task", first[0])
+            assert first == sorted(labels)[:50]
+            assert_no_secret(await page.content())
         finally:
             await context.close()

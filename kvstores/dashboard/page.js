@@ -2,7 +2,7 @@
 const B = document.body.dataset, BASE = B.base, WRITABLE = B.writable === "true", CSRF = B.csrf;
 const COLORS = {working:"#4aa3ff", input_required:"#e5b637", completed:"#3fb950", failed:"#f85149", cancelled:"#a371f7"};
 const $ = (id) => document.getElementById(id);
-let token = null, filters = {state:"", tool:"", after:null, trail:[]}, openTask = null, lastState = null;
+let token = null, armed = null, filters = {state:"", tool:"", after:null, trail:[]}, openTask = null, lastState = null;
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -186,7 +186,8 @@ function cancelButton(d) {
   if (d.terminal || d.state === "sealed" || d.state === "unreadable") return null;
   if (!token) return el("p", {class: "dim"}, "enter the operator token (top right) to cancel this task");
   const button = el("button", {class: "danger", id: "cancel", onclick: async () => {
-    if (button.dataset.armed !== "yes") { button.dataset.armed = "yes"; button.textContent = "Really cancel " + d.task + "?"; return; }
+    if (armed !== d.task) { armed = d.task; button.textContent = "Really cancel " + d.task + "?"; return; }
+    armed = null;
     button.disabled = true;
     const response = await fetch(BASE + "api/tasks/" + encodeURIComponent(d.task) + "/cancel", {method: "POST",
       headers: {Authorization: "Bearer " + token, "X-CSRF-Token": CSRF, "Content-Type": "application/json"}, body: "{}"});
@@ -194,7 +195,7 @@ function cancelButton(d) {
     fill("cancel-result", response.ok ? `${d.task}: ${answer.state}` : `refused: ${answer.error || response.status}`);
     $("cancel-result").className = response.ok ? "ok" : "alert";
     await refreshDetail(); await refreshTasks();
-  }}, "Cancel task");
+  }}, armed === d.task ? "Really cancel " + d.task + "?" : "Cancel task");
   return el("div", {}, button);
 }
 
@@ -213,7 +214,7 @@ function start() {
   $("filter-tool").addEventListener("change", (e) => { filters.tool = e.target.value; filters.after = null; filters.trail = []; refreshTasks(); });
   $("next").addEventListener("click", (e) => { filters.trail.push(filters.after); filters.after = e.target.dataset.after || null; refreshTasks(); });
   $("first").addEventListener("click", () => { filters.after = null; filters.trail = []; refreshTasks(); });
-  $("close").addEventListener("click", () => { openTask = null; $("detail").hidden = true; fill("cancel-result"); });
+  $("close").addEventListener("click", () => { openTask = null; armed = null; $("detail").hidden = true; fill("cancel-result"); });
   if (WRITABLE) $("unlock").addEventListener("submit", unlock); else $("unlock").hidden = true;
   const tick = async () => { await Promise.all([refreshState(), refreshTasks(), refreshDetail()]); setTimeout(tick, +B.interval * 1000); };
   tick();

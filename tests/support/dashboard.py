@@ -115,6 +115,36 @@ async def seed(store: Any, *, tasks: int = 6) -> Seeded:
     return seeded
 
 
+async def seed_many(store: Any, count: int) -> set[str]:
+    """``count`` task records in one ``put_many`` (a busy server's backlog, without running a server); their labels."""
+    from kvstores.tasks._book import RECORDS
+    from kvstores.tasks._record import TaskRecord
+
+    now = time.time()
+    states = list(TaskState)
+    records = [
+        TaskRecord(
+            id=uuid.uuid4().hex,
+            scope=None,
+            tool=f"bulk{index % 4}",
+            version=None,
+            arguments={"n": _secret("argument")},
+            caller={},
+            rerun=True,
+            created=now - index,
+            updated=now - index / 2,
+            ttl_ms=900_000,
+            poll_ms=100,
+            state=states[index % len(states)],
+        )
+        for index in range(count)
+    ]
+    await store.put_many(
+        [record.ref for record in records], [record.to_json() for record in records], collection=RECORDS
+    )
+    return {"#" + record.ref[:12] for record in records}
+
+
 @dataclass
 class Dashboard:
     """A ``kvstores dashboard`` process and where it serves."""
