@@ -333,3 +333,29 @@ def test_the_demo_ends_with_the_dashboard_command_of_its_store() -> None:
     assert _dashboard_command("sqlite:///demo state.db") == "kvstores dashboard 'sqlite:///demo state.db'"
     command = _dashboard_command(f"redis://app:{SECRET}@cache:6379/0")
     assert command == "kvstores dashboard 'redis://app:***@cache:6379/0'" and SECRET not in command
+
+
+def test_what_counts_as_stuck() -> None:
+    import dataclasses
+    import time
+
+    from kvstores._lease import Lease
+    from kvstores.dashboard import Limits
+    from kvstores.dashboard._tasks import stuck
+    from kvstores.tasks import TaskRecord
+
+    now = time.time()
+    fresh = TaskRecord("id", None, "tool", None, {}, {}, True, now - 5, now - 5, 900_000, 100)
+    limits = Limits()
+    assert stuck(fresh, now, limits) is None  # queued a moment ago
+    unclaimed = dataclasses.replace(fresh, updated=now - limits.unclaimed - 1)
+    assert "unclaimed" in (stuck(unclaimed, now, limits) or "")
+    leased = dataclasses.replace(fresh, lease=Lease("w", 1, now - 1), token=1, attempts=1)
+    assert stuck(leased, now, limits) is None  # lapsed a second ago: within the grace a take-over needs
+    lapsed = dataclasses.replace(leased, lease=Lease("w", 1, now - limits.lease_grace - 1))
+    assert "lease expired" in (stuck(lapsed, now, limits) or "")
+    waiting = dataclasses.replace(fresh, state=TaskState.INPUT_REQUIRED, updated=now - 60)
+    assert stuck(waiting, now, limits) is None
+    assert "input" in (stuck(dataclasses.replace(waiting, updated=now - limits.input_wait - 1), now, limits) or "")
+    done = dataclasses.replace(unclaimed, state=TaskState.COMPLETED)
+    assert stuck(done, now, limits) is None

@@ -138,6 +138,7 @@ def _server_class(base: type[Any]) -> type[Any]:
     class Server(base):  # type: ignore[misc]
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
+            """Ask the server to exit on SIGINT or SIGTERM (a second one forces it), for as long as it serves."""
             loop = asyncio.get_running_loop()
             for number in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(number, self.handle_exit, number, None)
