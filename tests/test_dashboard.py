@@ -224,6 +224,15 @@ def test_an_unsafe_command_line_is_refused(
     assert not (tmp_path / "never.db").exists()
 
 
+def test_an_unreachable_store_is_one_line_without_its_password() -> None:
+    from tests.support import free_port
+
+    ran = _run(f"redis://app:{SECRET}-url-password@127.0.0.1:{free_port()}/0?timeout=1")
+    assert ran.returncode == 1, ran
+    assert ran.stdout == "" and len(ran.stderr.splitlines()) == 1 and ran.stderr.startswith("kvstores dashboard: ")
+    assert SECRET not in ran.stderr
+
+
 @pytest.mark.parametrize("backend", rows("sqlite"), indirect=True)
 async def test_encryption_shows_key_ids_and_names_the_missing_one(backend: Backend, namespace: str, store: Any) -> None:
     mine, other = generate_key(), generate_key()

@@ -123,6 +123,7 @@ async function refreshState() {
     lastState = s;
     drawStore(s); drawTasks(s); drawSessions(s); drawEvents(s);
     const live = $("live"); live.textContent = "● live · sampled in " + s.sample_ms + " ms"; live.className = "ok";
+    live.dataset.sampled = s.now;
   } catch (err) {
     const live = $("live"); live.textContent = "● cannot reach the dashboard: " + err.message; live.className = "bad";
   }
