@@ -16,7 +16,8 @@ Design decisions:
   in a page (500 entries), at most one sweep old otherwise. The task list is one page in label
   order, at most five pages of keys read to fill it when filtered, with a cursor to the next.
   A task's detail is one ``keys`` call and one read. Samples are taken at most once per
-  interval (2 s) and shared by every open page, so viewers do not add load.
+  interval (2 s) and shared by every open page, and so is each page of the list: viewers do
+  not add load.
 - **Stuck** (:func:`kvstores.dashboard._tasks.stuck`, thresholds in :class:`Limits`): a
   ``working`` task whose lease expired more than 5 s ago (its worker stopped renewing and none
   took it over), a ``working`` task unclaimed for 60 s since its last change (no worker is

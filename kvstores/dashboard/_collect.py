@@ -63,7 +63,7 @@ class Collector:
         self.store = store
         self.url = url
         self.interval = interval
-        self.tasks = TaskView(store, limits or Limits())
+        self.tasks = TaskView(store, limits or Limits(), fresh_for=interval)
         self.task_census = TaskCensus(self.tasks.engine, self.tasks.attempts, self.tasks.limits, page)
         self.session_census = SessionCensus(store, page, sessions_collection)
         self.event_census = EventCensus(store, page, events_collection)

@@ -157,8 +157,13 @@ def cursor_of(key: str) -> str:
 class TaskView:
     """Pages, details and cancellation of tasks, each a bounded number of store round trips."""
 
-    def __init__(self, store: Any, limits: Limits, *, page: int = 50, scan: int = 200, pages: int = 5) -> None:
+    def __init__(
+        self, store: Any, limits: Limits, *, page: int = 50, scan: int = 200, pages: int = 5, fresh_for: float = 0.0
+    ) -> None:
         self.engine = TaskEngine(store)
+        self.fresh_for = fresh_for
+        """Seconds a page read is served again to whoever asks the same (viewers share reads, as samples)."""
+        self._served: OrderedDict[tuple[str | None, ...], tuple[float, dict[str, Any]]] = OrderedDict()
         self.limits = limits
         self.attempts = Attempts()
         self._keys = cast(EnumerateKeysStore, store)
@@ -170,8 +175,21 @@ class TaskView:
         """Up to ``page`` rows after the cursor ``after`` matching ``state`` and ``tool``, in label order.
 
         Reads at most ``pages`` pages of ``scan`` keys: a filter that matches little returns fewer
-        rows and the cursor where it stopped, never a scan of the whole store.
+        rows and the cursor where it stopped, never a scan of the whole store. The same question
+        asked again within ``fresh_for`` seconds gets the same answer, without a read.
         """
+        question = (after, state, tool)
+        served = self._served.get(question)
+        if served is not None and time.monotonic() - served[0] < self.fresh_for:
+            return served[1]
+        answer = await self._read_page(after, state, tool)
+        self._served[question] = (time.monotonic(), answer)
+        self._served.move_to_end(question)
+        while len(self._served) > 64:
+            self._served.popitem(last=False)
+        return answer
+
+    async def _read_page(self, after: str | None, state: str | None, tool: str | None) -> dict[str, Any]:
         position = after if after is not None and _CURSOR.fullmatch(after) else None
         rows: list[dict[str, Any]] = []
         scanned = 0
@@ -234,5 +252,6 @@ class TaskView:
             return None
         record = read.record
         await self.engine.cancel(record.id, record.scope)
+        self._served.clear()
         after = (await self.engine.records([record.ref]))[0]
         return (after or record).state.value
