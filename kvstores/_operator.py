@@ -371,6 +371,21 @@ async def _tasks(options: argparse.Namespace) -> int:
         await close(store)
 
 
+async def _dashboard(options: argparse.Namespace) -> int:
+    from kvstores.dashboard._cli import Refused, serve, settings
+
+    try:
+        chosen = settings(options)
+    except Refused as exc:
+        raise _Failed(str(exc), 2) from exc
+    spec = options.target or _from_environment("TARGET")
+    store = await _open(spec, reading=True)
+    try:
+        return await serve(store, spec, chosen)
+    finally:
+        await close(store)
+
+
 async def _worker(options: argparse.Namespace) -> int:
     from kvstores.tasks._cli import worker
 
@@ -466,6 +481,17 @@ COMMANDS: dict[str, _Command] = {
         "\nthe lease's time left, the status message and error. Arguments, results, the caller's token"
         "\nand headers and input answers are never printed. cancel ends a non-terminal task at once.",
     ),
+    "dashboard": _Command(
+        _dashboard,
+        "serve the operator's dashboard of a store: tasks, sessions, streams, signals, latency (one page)",
+        "  kvstores dashboard sqlite:///state.db\n"
+        "  KVSTORES_DASHBOARD_TOKEN=$(kvstores keygen) kvstores dashboard redis://cache:6379/0 --port 9000",
+        _TARGETS.format(names="TARGET")
+        + _FROM_ENVIRONMENT.format(name="TARGET")
+        + "\n\nBinds 127.0.0.1 and answers only requests addressed to a loopback name (or --allow-host)."
+        "\nRead-only unless $KVSTORES_DASHBOARD_TOKEN (or --token-file) gives an operator token; cancelling"
+        "\na task then needs it. A non-loopback --host needs the token. See kvstores.dashboard.",
+    ),
     "worker": _Command(
         _worker,
         "run the background tasks of a FastMCP app with StoreTasks, serving no HTTP (extra workers)",
@@ -518,6 +544,9 @@ def add_parsers(commands: Any) -> None:
     tasks.add_argument("target", nargs="?", metavar="TARGET", help="TARGET defaults to $KVSTORES_URL")
     tasks.add_argument("task", nargs="?", metavar="TASK", help="a task's label (or id): show and cancel")
     tasks.add_argument("--json", action="store_true", help="print JSON")
+    from kvstores.dashboard._cli import add_arguments as add_dashboard_arguments
+
+    add_dashboard_arguments(parsers["dashboard"])
     worker = parsers["worker"]
     worker.add_argument("app", metavar="APP", help="module:attribute of the FastMCP server")
     worker.add_argument("--concurrency", type=int, default=None, metavar="N", help="tasks run at once")

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import importlib.util
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -497,7 +498,14 @@ async def _run(url: str) -> int:
         print(f"\ndemo stopped: a request to a server process failed: {exc!r}")
         return 1
     print("\nall steps showed what they should" if not demo.surprises else f"\n{demo.surprises} unexpected result(s)")
+    if not _in_process(url):
+        print(f"\nwhat the store holds now (tasks, sessions, streams), on one page:\n  {_dashboard_command(url)}")
     return 1 if demo.surprises else 0
+
+
+def _dashboard_command(url: str) -> str:
+    """The command that opens the dashboard of the demo's store (its URL redacted: type the password in)."""
+    return f"kvstores dashboard {shlex.quote(redact(url))}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,8 @@ SLOW_MODULES = frozenset(
         "test_client_slots",
         "test_compat_slots",
         "test_crash",
+        "test_dashboard",
+        "test_dashboard_browser",
         "test_durability",
         "test_events_http",
         "test_exit",

@@ -98,6 +98,7 @@ def test_demo_with_the_default_store(
         "ok: server B knows the task at once, from the store: working",
         "and the client got its result",
         "all steps showed what they should",
+        "kvstores dashboard sqlite:///kvstores-demo.db",
     ]:
         assert shown in output
     assert "UNEXPECTED" not in output
