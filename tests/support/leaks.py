@@ -131,6 +131,11 @@ def _running_children() -> set[int]:
     return running
 
 
+_SHARED_HELPER = "from multiprocessing."
+"""The command of multiprocessing's resource tracker and fork server: started by the first test that needs
+one and shared by every later test, to the end of the process."""
+
+
 def _command(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
@@ -143,7 +148,7 @@ def kill_left_children(item: pytest.Item) -> list[str]:
     before = item.stash.get(_CHILDREN_BEFORE, None)
     if before is None:
         return []
-    left = sorted(_running_children() - before)
+    left = [pid for pid in sorted(_running_children() - before) if _SHARED_HELPER not in _command(pid)]
     named = [f"child process {pid} ({_command(pid)}) still running after the test: killed" for pid in left]
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
