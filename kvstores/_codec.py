@@ -15,12 +15,13 @@ Limits (the same on every backend):
 
 from __future__ import annotations
 
+import gc
 import json
 import marshal
 import math
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import orjson
@@ -247,7 +248,9 @@ def _encode_fast(value: dict[str, Any], native: bool = False) -> tuple[bytes, by
     It also writes what the stdlib refuses (NaN and inf as null, UUIDs, plain enums), so
     marshal, a C walk that takes only the exact built-in types, screens the value for those.
     """
-    raw = orjson.dumps(value, _not_plain, _ORJSON_OPTIONS)
+    walked = _marshal_reads_back(value) if native else False  # None: more items than a walk takes
+    # a value too large to walk is dumped inside the padding at once (one pass where there would be two)
+    raw = _dumps_padded(value) if walked is None else orjson.dumps(value, _not_plain, _ORJSON_OPTIONS)
     if len(raw) > _FAST_MAX_BYTES:
         raise _NotPlainJSON
     try:
@@ -258,11 +261,13 @@ def _encode_fast(value: dict[str, Any], native: bool = False) -> tuple[bytes, by
     # each finds none in most values), then text without "null" holds neither, else the pattern
     if (b"\x7f" in screened or b"\xff" in screened) and b"null" in raw and _NON_FINITE_FLOAT.search(screened):
         raise _NotPlainJSON
+    if native:
+        return raw, screened if walked else None  # walked (or padded): the depth is vouched for
     # too deep only if longer than MAX_DEPTH times "[]" and with more than MAX_DEPTH containers
-    reads_back = _marshal_reads_back(value) if native or len(raw) > 2 * MAX_DEPTH else False
+    reads_back = _marshal_reads_back(value) if len(raw) > 2 * MAX_DEPTH else False
     if reads_back is None and (len(raw) > _COUNT_BYTES or raw.count(b"[") + raw.count(b"{") > MAX_DEPTH):
         raw = _dumps_padded(value)
-    return raw, screened if native and reads_back else None
+    return raw, None
 
 
 def _encode_stdlib(value: dict[str, Any]) -> str:
@@ -306,26 +311,35 @@ def encode_value(value: Mapping[str, Any]) -> str:
         return _encode_stdlib(value)
 
 
+_OWN_JSON = b"\x00"
+"""The first byte of :func:`encode_native`'s JSON form: no marshal form starts with it (it starts
+with its type code), so :func:`decode_native` tells the two apart by it."""
+
+
 def encode_native(value: Mapping[str, Any]) -> bytes | str:
     """Validate ``value`` as :func:`encode_value` does, for a store that keeps values in this process.
 
-    Returns the value's marshal form (read back with :func:`decode_native`, several times
-    faster than JSON for long strings) when that reads back exactly as its JSON text would:
-    a value of at most _WALK_ITEMS items, with no tuple and no container met twice. Else its
-    JSON text (orjson reads many small objects faster than marshal does without sharing).
+    Returns bytes that only :func:`decode_native` reads: the value's marshal form (several times
+    faster to read than JSON for long strings) when that reads back exactly as its JSON text
+    would (a value of at most _WALK_ITEMS items, with no tuple and no container met twice), else
+    orjson's text after :data:`_OWN_JSON` (orjson reads many small objects faster than marshal does
+    without sharing; text it wrote itself needs none of the checks text from elsewhere does).
+    The JSON text of the stdlib's path (what the fast path cannot vouch for) is returned as str.
     """
     value = _plain_dict(value)
     try:
         raw, native = _encode_fast(value, native=True)
     except (_NotPlainJSON, orjson.JSONEncodeError):
         return _encode_stdlib(value)
-    return raw.decode() if native is None else native
+    return _OWN_JSON + raw if native is None else native
 
 
 def decode_native(data: bytes, key: str) -> dict[str, Any]:
     """The value of what :func:`encode_native` returned as bytes (never from outside this process)."""
     try:
-        value = marshal.loads(data)
+        # orjson reads its own text back without checks (integers within 64 bits, no constants)
+        own = data[:1] == _OWN_JSON
+        value = _reading_many(orjson.loads, memoryview(data)[1:]) if own else marshal.loads(data)
     except (ValueError, EOFError, TypeError) as exc:
         raise DeserializationError(f"stored value for key {_describe(key)} is not a value: {exc}") from exc
     if type(value) is not dict:
@@ -361,6 +375,27 @@ def _holds_long_float(value: Any) -> bool:
     return False
 
 
+_PAUSE_GC_BYTES = 16 * 1024
+"""Text longer than this is read with the cyclic garbage collector paused (:func:`_reading_many`)."""
+
+
+def _reading_many(loads: Callable[[Any], Any], data: Any) -> Any:
+    """``loads(data)`` with the cyclic garbage collector paused when ``data`` is long.
+
+    Reading a long text makes many containers, and every 700 of them start a collection that
+    scans them all and frees none (they are all reachable from the value being read): for a MB
+    of small objects, more than half of the time a read takes. The pause ends with the read; the
+    collector stays off if something else had turned it off.
+    """
+    if len(data) <= _PAUSE_GC_BYTES or not gc.isenabled():
+        return loads(data)
+    gc.disable()
+    try:
+        return loads(data)
+    finally:
+        gc.enable()
+
+
 def _decode_fast(text: str | bytes) -> Any:
     """orjson's reading of ``text``, or None where json.loads must read it."""
     if isinstance(text, str):
@@ -376,7 +411,7 @@ def _decode_fast(text: str | bytes) -> Any:
     if not sparse and data.translate(_DIGITS).find(_LONG_NUMBER) >= 0:
         return None
     try:
-        value = orjson.loads(data)
+        value = _reading_many(orjson.loads, data)
     except orjson.JSONDecodeError:  # json.loads explains it (or reads what orjson refuses, like 1e400)
         return None
     if sparse and type(value) is dict and _holds_long_float(value):

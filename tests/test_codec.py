@@ -185,14 +185,17 @@ def test_the_native_form_reads_back_as_json_does(value: dict[str, Any]) -> None:
     ],
 )
 def test_the_native_form_is_marshal_where_it_reads_back(value: dict[str, Any], native: bool) -> None:
-    assert isinstance(_codec.encode_native(value), bytes) is native
+    encoded = _codec.encode_native(value)
+    assert isinstance(encoded, bytes)  # orjson's own text otherwise, marked as such
+    assert (encoded[:1] != _codec._OWN_JSON) is native
+    assert _codec.decode_native(encoded, "k") == json.loads(_codec.encode_value(value))
 
 
 def test_the_native_form_is_never_shared() -> None:
     shared = [1, 2]
     encoded = _codec.encode_native({"a": shared, "b": shared})
-    assert isinstance(encoded, str)  # marshal would read one list back in both places
-    read = _codec.decode_value(encoded, "k")
+    assert isinstance(encoded, bytes) and encoded[:1] == _codec._OWN_JSON  # marshal would share the list
+    read = _codec.decode_native(encoded, "k")
     read["a"].append(3)
     assert read["b"] == [1, 2]
 
