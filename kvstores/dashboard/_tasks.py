@@ -122,18 +122,10 @@ def row(read: Read, now: float, limits: Limits) -> dict[str, Any]:
     if record is None:
         state = "sealed" if read.sealed else "unreadable"
         return {"task": label(read.ref), "state": state, "sealed": read.sealed, "tool": None}
-    lease = record.lease
     progress = record.progress or {}
     message = progress.get("message") or record.message
     return {
-        "task": label(record.ref),
-        "state": record.state.value,
-        "tool": record.tool,
-        "age": round(now - record.created, 1),
-        "updated": round(now - record.updated, 1),
-        "attempts": record.attempts,
-        "worker": None if lease is None else lease.holder,
-        "lease_left": None if lease is None else round(lease.expires - now, 1),
+        **record.summary(now),
         "message": message if isinstance(message, str) else None,
         "progress": _progress(progress),
         "stuck": stuck(record, now, limits),

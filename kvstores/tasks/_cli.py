@@ -29,25 +29,6 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3_600:.1f}h"
 
 
-def summary(record: TaskRecord, now: float) -> dict[str, Any]:
-    """What an operator sees of a task: no arguments, result, caller or answers."""
-    lease = record.lease
-    return {
-        "task": label(record.ref),
-        "state": record.state.value,
-        "tool": record.tool,
-        "age": round(now - record.created, 3),
-        "updated": round(now - record.updated, 3),
-        "worker": None if lease is None else lease.holder,
-        "lease_left": None if lease is None else round(lease.expires - now, 3),
-        "attempts": record.attempts,
-        "principal": record.scope,
-        "message": record.message,
-        "error": (record.error or {}).get("message"),
-        "ttl_ms": record.ttl_ms,
-    }
-
-
 async def _find(engine: TaskEngine, wanted: str) -> TaskRecord | None:
     """The record named by ``wanted``: its label (or the task's id, which is digested first)."""
     refs = await engine.all_refs()
@@ -64,7 +45,7 @@ async def tasks(options: argparse.Namespace, store: Any) -> int:
     now = time.time()
     if options.action == "ls":
         refs = await engine.all_refs()
-        rows = [summary(record, now) for record in await engine.records(refs) if record is not None]
+        rows = [record.summary(now) for record in await engine.records(refs) if record is not None]
         rows.sort(key=lambda row: -row["age"])
         if options.json:
             print(json.dumps(rows, indent=2))
@@ -84,7 +65,7 @@ async def tasks(options: argparse.Namespace, store: Any) -> int:
         print(f"kvstores tasks {options.action}: no task {options.task}")
         return 1
     if options.action == "show":
-        print(json.dumps(summary(record, now), indent=2))
+        print(json.dumps(record.summary(now), indent=2))
         return 0
     ended = await engine.cancel(record.id, record.scope)
     after = (await engine.records([record.ref]))[0]

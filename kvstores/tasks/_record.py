@@ -121,6 +121,25 @@ class TaskRecord:
         """True while the lease of fencing ``token`` holds the task (and the task is not final)."""
         return not self.state.terminal and self.lease is not None and self.lease.token == token
 
+    def summary(self, now: float) -> dict[str, Any]:
+        """What an operator sees of the task (``kvstores tasks``, the dashboard): its label, never its id,
+        and nothing it carries for its tool (arguments, result, the caller's token and headers, answers)."""
+        lease = self.lease
+        return {
+            "task": label(self.ref),
+            "state": self.state.value,
+            "tool": self.tool,
+            "age": round(now - self.created, 3),
+            "updated": round(now - self.updated, 3),
+            "worker": None if lease is None else lease.holder,
+            "lease_left": None if lease is None else round(lease.expires - now, 3),
+            "attempts": self.attempts,
+            "principal": self.scope,
+            "message": self.message,
+            "error": (self.error or {}).get("message"),
+            "ttl_ms": self.ttl_ms,
+        }
+
     def to_json(self) -> dict[str, Any]:
         """The record as stored."""
         data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
