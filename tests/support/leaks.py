@@ -20,12 +20,14 @@ memory and SQLite rows), and the automatic collections during the tests get chea
 alive at the freeze that later become cyclic garbage are never freed; they are the import-time heap,
 which the process keeps to its end anyway.
 
-Child processes are counted: one the test's body started (not its fixtures, which stop their own)
-and that still runs after its teardown fails the test and is killed, so that it neither loads the
-tests after it nor is reported in one of them (a failed test's traceback keeps its ``Popen`` alive
-past the next test). Open descriptors are not counted: session fixtures' servers (some in this process,
-on threads of their own) open and close sockets for other tests' clients whenever their threads get
-to it, so a count before and after a test is not exact on a shared loopback.
+A failed test is no exception: pytest keeps its error for a post-mortem (``sys.last_value`` and
+its traceback, which holds the test's frames and so everything the test opened) until the next
+failure; the check lets go of it first. A child process still running when its ``Popen`` is freed
+is killed once reported, so that it neither loads nor outlives the tests after it.
+
+Open descriptors are not counted: session fixtures' servers (some in this process, on threads of
+their own) open and close sockets for other tests' clients whenever their threads get to it, so a
+count before and after a test is not exact on a shared loopback.
 """
 
 from __future__ import annotations
@@ -33,21 +35,16 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import os
-import signal
+import subprocess
 import sys
-import time
 import tracemalloc
 import warnings
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
-__all__ = ["collect_leaks", "pytest_collection_finish", "pytest_runtest_call", "pytest_runtest_teardown"]
-
-_CHILDREN_BEFORE = pytest.StashKey[set[int]]()
+__all__ = ["collect_leaks", "pytest_collection_finish", "pytest_runtest_teardown"]
 
 
 class _Recorder(logging.Handler):
@@ -96,8 +93,19 @@ def _recorded(leaks: list[str]) -> Iterator[None]:
         asyncio_logger.removeHandler(recorder)
     for warning in caught:  # any other warning a finalizer raised would have been an error too (pyproject)
         category = "" if issubclass(warning.category, ResourceWarning) else f"{warning.category.__name__}: "
-        leaks.append(f"{category}{warning.message}{_allocated_at(warning.source)}")
+        killed = " (killed)" if _kill(warning.source) else ""
+        leaks.append(f"{category}{warning.message}{killed}{_allocated_at(warning.source)}")
     leaks.extend(recorder.messages)
+
+
+def _kill(source: object) -> bool:
+    """Kill and wait for ``source`` when it is a child process still running (a Popen nobody waited for)."""
+    if not isinstance(source, subprocess.Popen) or source.poll() is not None:
+        return False
+    source.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        source.wait(timeout=10)
+    return True
 
 
 def collect_leaks(item: pytest.Item) -> list[str]:
@@ -108,63 +116,11 @@ def collect_leaks(item: pytest.Item) -> list[str]:
     with _recorded(leaks):
         if isinstance(item, pytest.Function):
             item.funcargs.clear()
+        for name in ("last_type", "last_value", "last_traceback", "last_exc"):  # a failure's frames, see above
+            if hasattr(sys, name):
+                delattr(sys, name)
         gc.collect()
     return leaks
-
-
-def _running_children() -> set[int]:
-    """This process's child processes that still run (an exited one not yet waited for aside)."""
-    pids: set[int] = set()
-    for listing in Path("/proc/self/task").glob("*/children"):
-        try:
-            pids.update(int(pid) for pid in listing.read_text().split())
-        except OSError:  # the thread ended meanwhile
-            continue
-    running = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in ("Z", "X"):
-            running.add(pid)
-    return running
-
-
-_SHARED_HELPER = "from multiprocessing."
-"""The command of multiprocessing's resource tracker and fork server: started by the first test that needs
-one and shared by every later test, to the end of the process."""
-
-
-def _command(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
-    except OSError:
-        return "?"
-
-
-def kill_left_children(item: pytest.Item) -> list[str]:
-    """The child processes the test's body started that still run, each killed (SIGKILL) once named."""
-    before = item.stash.get(_CHILDREN_BEFORE, None)
-    if before is None:
-        return []
-    left = [pid for pid in sorted(_running_children() - before) if _SHARED_HELPER not in _command(pid)]
-    named = [f"child process {pid} ({_command(pid)}) still running after the test: killed" for pid in left]
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    for _ in range(200):  # until each has exited (its owner, a Popen or asyncio, waits for it): 2 s at most
-        if not _running_children() & set(left):
-            break
-        time.sleep(0.01)
-    return named
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
-    """Note the child processes that run before the test's body (its fixtures' among them)."""
-    item.stash[_CHILDREN_BEFORE] = _running_children()
-    return (yield)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -179,11 +135,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     try:
         yield
     except BaseException as exc:
-        leaks = kill_left_children(item) + collect_leaks(item)  # now, so that the next test is not blamed
+        leaks = collect_leaks(item)  # freed now, so that the next test is not blamed for them
         if leaks:
             exc.add_note(_message(item, nextitem, leaks))
         raise
-    leaks = kill_left_children(item) + collect_leaks(item)
+    leaks = collect_leaks(item)
     if leaks:
         pytest.fail(_message(item, nextitem, leaks), pytrace=False)
 
@@ -196,4 +152,4 @@ def _message(item: pytest.Item, nextitem: pytest.Item | None, leaks: list[str]) 
     if not tracemalloc.is_tracing():
         notes.append("PYTHONTRACEMALLOC=20 shows where each was allocated")
     hints = "".join(f"\n({note})" for note in notes)
-    return f"{item.nodeid} left {len(leaks)} resource(s) unclosed:\n{listed}{hints}"
+    return f"{item.nodeid} left {len(leaks)} resource(s) unclosed to the garbage collector:\n{listed}{hints}"
