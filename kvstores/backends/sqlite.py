@@ -12,7 +12,8 @@ that runs with a write at most every ``sweep_interval`` seconds (default 60) and
 
 The file is opened lazily in WAL mode with a ``busy_timeout``; every write runs in a
 ``BEGIN IMMEDIATE`` transaction, so several processes may share one file; a lock that
-is not granted within ``timeout`` seconds (default 5) raises StoreConnectionError. Each
+is not granted within ``timeout`` seconds (default 5) raises StoreConnectionError (a lone put,
+one statement, is a transaction of its own). Each
 call is one hop to aiosqlite's connection thread: the whole transaction runs there, so
 calls never interleave and a bulk call is one transaction, chunked under SQLite's
 parameter limit. put_if_absent, pop and update's compare-and-set each read and write in
@@ -336,8 +337,12 @@ class SQLiteStore(BaseStore):
         await self._write(lambda conn: conn.executemany(_UPSERT, rows).close())
 
     async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
-        row = (collection, key, text, None if ttl is None else time.time() + ttl)
-        await self._write(lambda conn: conn.execute(_UPSERT, row).close())
+        now = time.time()
+        row = (collection, key, text, None if ttl is None else now + ttl)
+        if now >= self._next_sweep:
+            await self._write(lambda conn: conn.execute(_UPSERT, row).close())
+        else:  # one statement is a transaction of its own (autocommit): no BEGIN and COMMIT around it
+            await self._run(lambda conn: conn.execute(_UPSERT, row).close())
 
     async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
         expires_at = None if ttl is None else time.time() + ttl

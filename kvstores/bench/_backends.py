@@ -48,6 +48,8 @@ class Ratio(NamedTuple):
     shape: str | None = None
     """Only rows whose values have this shape (kvstores.bench._measure: STRING or OBJECTS; None: any)."""
     every_row: bool = False
+    concurrency: int | None = None
+    """Only rows with this many concurrent callers (None: any)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ BACKENDS: dict[str, BenchBackend] = {
             Ratio(
                 "{store} put of 1 MB objects vs py-key-value MemoryStore",
                 PY_KEY_VALUE,
-                1.5,
+                5.0,
                 ("put",),
                 1_000_000,
                 OBJECTS,
@@ -99,7 +101,7 @@ BACKENDS: dict[str, BenchBackend] = {
             Ratio(
                 "{store} get of 1 MB objects vs py-key-value MemoryStore",
                 PY_KEY_VALUE,
-                1.2,
+                2.0,
                 ("get",),
                 1_000_000,
                 OBJECTS,
@@ -111,7 +113,10 @@ BACKENDS: dict[str, BenchBackend] = {
     ),
     "sqlite": BenchBackend(
         raw=("aiosqlite", aiosqlite_beside),
-        targets=(Ratio("{store} get vs raw aiosqlite", "aiosqlite", 0.8, ("get",), None),),
+        targets=(
+            Ratio("{store} get vs raw aiosqlite", "aiosqlite", 0.8, ("get",), None),
+            Ratio("{store} put, 1 caller, vs raw aiosqlite", "aiosqlite", 0.8, ("put",), 100, concurrency=1),
+        ),
         batching=(0.8, 2.0, 3.0),
         signal_p99_ms=100.0,
         collection_sizes=(1_000, 100_000),

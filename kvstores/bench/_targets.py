@@ -244,6 +244,7 @@ TARGETS: tuple[Target | Limit, ...] = (
             "kv",
             backend,
             ratio.value_bytes,
+            ratio.concurrency,
             every_row=ratio.every_row,
             shape=ratio.shape,
         )
