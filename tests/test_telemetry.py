@@ -134,7 +134,7 @@ async def test_errors_mark_the_span_with_the_kvstores_error_class(telemetry: Tel
 
 
 async def test_batches_are_measured(telemetry: Telemetry, tmp_path: Any) -> None:
-    async with open_store(f"sqlite:///{tmp_path}/batch.db") as store:
+    async with open_store(f"sqlite:///{tmp_path}/batch.db", batching=True) as store:  # KVSTORES_BATCHING aside
         await asyncio.gather(*(store.put(f"k{i}", {"i": i}) for i in range(32)))
     sizes = telemetry.points("kvstores.batch.size")
     assert sizes and sum(point.sum for point in sizes) == 31  # the first put went out alone
