@@ -119,10 +119,11 @@ class Coalescer(Generic[Item, Result]):
     def _land(self, keys: list[Hashable]) -> None:
         """A flight of ``keys`` landed: send what it held back."""
         self._flights -= 1
-        self._flying.subtract(keys)
-        for key in keys:
-            if self._flying[key] <= 0:
-                del self._flying[key]
+        if keys:
+            self._flying.subtract(keys)
+            for key in keys:
+                if self._flying[key] <= 0:
+                    del self._flying[key]
         if self._queue:
             self._flush()
 
@@ -202,14 +203,15 @@ class Batching(StoreCore):
     def _start_batching(self) -> None:
         """Make the coalescers through which ``get`` and ``put`` go (``aclose()`` closes them)."""
         system = self.db_system
+        # a lone call runs the primitive's own coroutine: no frame of the coalescer's between
         self._reads = Coalescer(
-            self._get_pair,
+            lambda pair: self._get(*pair),
             self._read_batch,
             capacity=lambda: self.connections,
             on_batch=lambda size: _telemetry.record_batch(system, "get", size),
         )
         self._writes = Coalescer(
-            self._put_entry,
+            lambda entry: self._put(*entry),
             self._write_batch,
             size=_entry_size,
             key=lambda entry: entry[:2],  # puts of one (collection, key) keep their order
@@ -217,17 +219,11 @@ class Batching(StoreCore):
             on_batch=lambda size: _telemetry.record_batch(system, "put", size),
         )
 
-    async def _get_pair(self, pair: tuple[str, str]) -> Stored | None:
-        return await self._get(*pair)
-
     async def _read_batch(self, pairs: Sequence[tuple[str, str]]) -> list[Stored | None]:
         """The stored texts of a batch of gets: each distinct (collection, key) pair read once."""
         distinct = list(dict.fromkeys(pairs))
         found = dict(zip(distinct, await self._get_pairs(distinct)))
         return [found[pair] for pair in pairs]
-
-    async def _put_entry(self, entry: Entry) -> None:
-        await self._put(*entry)
 
     async def _write_batch(self, entries: Sequence[Entry]) -> list[None]:
         """Write a batch of puts: of several puts of one key, the last queued wins, whatever its TTL."""
