@@ -5,9 +5,10 @@ keyed by the ``(collection, key)`` tuple, so different pairs can never collide (
 ``LRUCache`` did the same in Python-level calls that cost more than the rest of an atomic
 operation). Each entry holds the value encoded (so neither the caller's dict nor a returned
 dict can alias stored data) and its expiry time on the monotonic clock. The encoding is
-marshal's where that reads back exactly as JSON does (values of a few dozen items, the
-common case: a long string reads back several times faster than from JSON text), else the
-JSON text every store keeps; with encryption keys, the sealed text.
+:func:`~kvstores._codec.encode_native`'s bytes: marshal's form where that reads back exactly as
+JSON does (values of a few dozen items, the common case: a long string reads back several times
+faster than from JSON text), else orjson's own text, tagged; the JSON text every store keeps for
+what only the stdlib's path vouches for; with encryption keys, the sealed text.
 
 Bounds and reclamation:
 
@@ -115,7 +116,8 @@ class MemoryStore(BaseStore):
         return encode_native(value)
 
     def _decoded(self, stored: Stored, collection: str, key: str) -> dict[str, Any]:
-        """The value of ``stored``: marshal's bytes (only :meth:`_encoded` writes bytes), else text."""
+        """The value of ``stored``: :func:`~kvstores._codec.encode_native`'s bytes (only :meth:`_encoded`
+        writes bytes), else text."""
         if type(stored) is bytes:
             return decode_native(stored, key)
         return super()._decoded(stored, collection, key)

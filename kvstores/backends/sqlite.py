@@ -290,13 +290,14 @@ class SQLiteStore(BaseStore):
                 db = self._db
         return await _on_thread(db, work)
 
-    async def _write(self, work: Work[T]) -> T:
-        """Run ``work`` in a BEGIN IMMEDIATE transaction, sweeping expired rows when due."""
+    async def _write(self, work: Work[T], *, one_statement: bool = False) -> T:
+        """Run ``work`` in a BEGIN IMMEDIATE transaction, sweeping expired rows when due; ``one_statement``
+        work with no sweep due runs alone (in autocommit one statement is a transaction of its own)."""
         now = time.time()
-        sweep_before = None
-        if now >= self._next_sweep:
-            sweep_before, self._next_sweep = now, now + self._sweep_interval
-        return await self._run(partial(_transaction, work, sweep_before))
+        if now < self._next_sweep:
+            return await self._run(work if one_statement else partial(_transaction, work, None))
+        self._next_sweep = now + self._sweep_interval
+        return await self._run(partial(_transaction, work, now))
 
     def _holds_connection(self) -> bool:
         return self._db is not None
@@ -337,12 +338,8 @@ class SQLiteStore(BaseStore):
         await self._write(lambda conn: conn.executemany(_UPSERT, rows).close())
 
     async def _put(self, collection: str, key: str, text: str, ttl: float | None) -> None:
-        now = time.time()
-        row = (collection, key, text, None if ttl is None else now + ttl)
-        if now >= self._next_sweep:
-            await self._write(lambda conn: conn.execute(_UPSERT, row).close())
-        else:  # one statement is a transaction of its own (autocommit): no BEGIN and COMMIT around it
-            await self._run(lambda conn: conn.execute(_UPSERT, row).close())
+        row = (collection, key, text, None if ttl is None else time.time() + ttl)
+        await self._write(lambda conn: conn.execute(_UPSERT, row).close(), one_statement=True)
 
     async def _put_many(self, collection: str, keys: Sequence[str], texts: list[str], ttl: float | None) -> None:
         expires_at = None if ttl is None else time.time() + ttl

@@ -50,7 +50,29 @@ class Sweep:
         return keys, done
 
 
-class TaskCensus:
+class _Rolling:
+    """Counts gathered over a sweep (``partial``) and those of the last complete sweep (``published``)."""
+
+    published: dict[str, Any] | None
+    partial: dict[str, Any]
+
+    def __init__(self) -> None:
+        self.published = None
+        self.partial = self._empty()
+
+    @staticmethod
+    def _empty() -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _shown(self, done: bool) -> dict[str, Any]:
+        """The counts to show after a step: the sweep's once it is ``done`` (and a new one begins), else
+        the last complete sweep's, else the partial counts of the first."""
+        if done:
+            self.published, self.partial = self.partial, self._empty()
+        return self.published or self.partial
+
+
+class TaskCensus(_Rolling):
     """Tasks by state and tool, the stuck ones, and those this dashboard's keys cannot open."""
 
     def __init__(self, engine: TaskEngine, attempts: Attempts, limits: Limits, page: int) -> None:
@@ -58,8 +80,7 @@ class TaskCensus:
         self.attempts = attempts
         self.limits = limits
         self.sweep = Sweep(engine.store, RECORDS, page)
-        self.published: dict[str, Any] | None = None
-        self.partial = self._empty()
+        super().__init__()
 
     @staticmethod
     def _empty() -> dict[str, Any]:
@@ -83,9 +104,7 @@ class TaskCensus:
             line = row(read, now, self.limits)
             if line["stuck"] and len(counts["stuck"]) < _STUCK_SHOWN:
                 counts["stuck"].append(line)
-        if done:
-            self.published, self.partial = self.partial, self._empty()
-        shown = self.published or counts
+        shown = self._shown(done)
         return {
             "complete": self.published is not None,
             "total": shown["total"],
@@ -97,14 +116,13 @@ class TaskCensus:
         }
 
 
-class SessionCensus:
+class SessionCensus(_Rolling):
     """Durable sessions (:mod:`kvstores.sessions`): live and terminated, idle times, clients; never an id."""
 
     def __init__(self, store: Any, page: int, collection: str = REGISTRY_COLLECTION) -> None:
         self.store = store
         self.sweep = Sweep(store, collection, page)
-        self.published: dict[str, Any] | None = None
-        self.partial = self._empty()
+        super().__init__()
 
     @staticmethod
     def _empty() -> dict[str, Any]:
@@ -129,9 +147,7 @@ class SessionCensus:
             info = (record.handshake or {}).get("clientInfo") or {}
             name = info.get("name") if isinstance(info, dict) else None
             counts["clients"][name[:60] if isinstance(name, str) else "(unnamed)"] += 1
-        if done:
-            self.published, self.partial = self.partial, self._empty()
-        shown = self.published or counts
+        shown = self._shown(done)
         return {
             "complete": self.published is not None,
             "live": shown["live"],
@@ -174,13 +190,12 @@ def _idle(seconds: float) -> str:
     return next((name for limit, name in _IDLE if seconds < limit), "older")
 
 
-class EventCensus:
+class EventCensus(_Rolling):
     """StoreEventStore's streams from their keys alone: how many, their sizes, ended ones, live replicas."""
 
     def __init__(self, store: Any, page: int, collection: str = EVENTS_COLLECTION) -> None:
         self.sweep = Sweep(store, collection, page)
-        self.published: dict[str, Any] | None = None
-        self.partial = self._empty()
+        super().__init__()
 
     @staticmethod
     def _empty() -> dict[str, Any]:
@@ -201,9 +216,7 @@ class EventCensus:
                 counts["ended"] += 1
             else:
                 counts["sizes"][_stream_label(token)] += 1
-        if done:
-            self.published, self.partial = self.partial, self._empty()
-        shown = self.published or counts
+        shown = self._shown(done)
         sizes: Counter[str] = shown["sizes"]
         return {
             "complete": self.published is not None,
