@@ -64,8 +64,9 @@ CUT_AT = 2
 
 REPEAT = 3
 
-FAIL_FAST_WITHIN = LEASE_TTL + 1 + 1
-"""Seconds from the SIGKILL to the client's error: the lease, the follower's grace and poll, and the retry."""
+FAIL_FAST_WITHIN = LEASE_TTL + 1 + 1 + 2
+"""Seconds from the SIGKILL to the client's error: the lease, the follower's grace and poll, the retry, and
+the end record's write (at most 2 s before the follower gives it up and answers UNSETTLED_MESSAGE)."""
 
 TERMINATION_ROUNDS = 20
 """DELETEs in the termination test, each followed at once by a request to every replica."""

@@ -10,16 +10,18 @@ also takes the stream's end record and the runner's lease key (one ``get_many``)
 
 When the runner's lease (:mod:`kvstores.events._liveness`) has lapsed and the stream has no
 final response, the follower answers the request with a JSON-RPC error (-32603,
-:data:`STOPPED_MESSAGE`) within ``LEASE_TTL`` + 1.5 s of the runner's death (the lease, a 0.5 s
-grace, a poll and the end record); when events of the stream were lost (the ring lapped, or an
+:data:`STOPPED_MESSAGE`) within ``LEASE_TTL`` + 1 s of the runner's death (the lease, a 0.5 s
+grace, a poll), plus the time the store takes to write the end record; when events of the stream were lost (the ring lapped, or an
 event the store failed to keep) it answers likewise rather than skip them. Either way the
 response ends there. The error carries the request's id as the client sent it (from the
 entries; without it, the stream id, an int when it is all digits).
 
 The error is the request's end record (:mod:`kvstores.events._ring`), written before it is sent;
 if another process's record is there first, that one is sent. If the store does not take the
-record within 0.5 s (another process holds SQLite's write lock), the follower still answers in
-time, with :data:`UNSETTLED_MESSAGE`: never a silent success. The SDK's GET stream is
+record within :data:`_FENCE_TIMEOUT` (2 s: another process holds SQLite's write lock, the store is
+down), the follower answers anyway, with :data:`UNSETTLED_MESSAGE`: never a silent success. The
+wait is that long because the other answer is a worse one: a loaded machine's store can take
+half a second for one write, and "it may still complete" leaves the user to find out. The SDK's GET stream is
 replayed, not followed: it never ends.
 """
 
@@ -65,7 +67,7 @@ _FOLLOW_WINDOW = 16
 _LEASE_GRACE = 0.5
 """Seconds a runner's lease must stay missing before a follower gives its request up (a lease put may lag)."""
 
-_FENCE_TIMEOUT = 0.5
+_FENCE_TIMEOUT = 2.0
 """Seconds a follower waits for its terminal record to be written (another process may hold the write lock)."""
 
 _HOLE_GRACE = 2.0
