@@ -11,8 +11,9 @@ also takes the stream's end record and the runner's lease key (one ``get_many``)
 When the runner's lease (:mod:`kvstores.events._liveness`) has lapsed and the stream has no
 final response, the follower answers the request with a JSON-RPC error (-32603,
 :data:`STOPPED_MESSAGE`) within ``LEASE_TTL`` + 1 s of the runner's death (the lease, a 0.5 s
-grace, a poll), plus the time the store takes to write the end record; when events of the stream were lost (the ring lapped, or an
-event the store failed to keep) it answers likewise rather than skip them. Either way the
+grace, a poll), plus the time the store takes to write the end record; when events of the
+stream were lost (the ring lapped, or an event the store failed to keep) it answers likewise
+rather than skip them. Either way the
 response ends there. The error carries the request's id as the client sent it (from the
 entries; without it, the stream id, an int when it is all digits).
 
