@@ -85,12 +85,29 @@ async def test_a_task_runs_and_its_result_is_polled(served: Served) -> None:
 
 async def test_a_quick_tools_first_poll_finds_it_done(served: Served) -> None:
     """The first ``tasks/get``, sent as soon as the task is created, waits for the quick tool instead of
-    answering "working" (``hold``): a client needs no second poll, as with fastmcp-tasks."""
-    for text in ("a", "b", "c"):
+    answering "working" (``hold``): a client needs no second poll, as with fastmcp-tasks. It is answered with
+    the final record the server wrote, its result in it or (over 1 KiB) kept beside it."""
+    for text in ("a", "b", "c" * 2000):
         task_id = await served.wire.submit("echo", {"text": text})
         first = (await served.wire.get(task_id))["result"]
         assert first["status"] == "completed", first
         assert first["result"]["structuredContent"] == {"result": f"echo {text}"}
+
+
+async def test_a_small_result_is_kept_in_its_record_and_a_large_one_beside_it(served: Served, store: Any) -> None:
+    """A result up to 1 KiB (as JSON) is written with the task's outcome, in one write; a larger one beside
+    the record, under the run's token, so that a listing of records never reads it."""
+    for text, inline in (("short", True), ("x" * 2000, False)):
+        task_id = await served.wire.submit("echo", {"text": text})
+        done = await served.wire.wait(task_id)
+        assert done["result"]["structuredContent"] == {"result": f"echo {text}"}, done
+        stored = await store.get(ref(task_id), collection=RECORDS)
+        assert stored is not None and stored["state"] == "completed", stored
+        if inline:
+            assert stored["result"] == done["result"] and stored["result_token"] is None, stored
+        else:
+            kept = await store.get(f"outcome/{ref(task_id)}/{stored['result_token']}", collection=RECORDS)
+            assert stored["result"] is None and kept == {"result": done["result"]}, (stored, kept)
 
 
 async def test_a_task_started_by_its_submitting_server_runs_outside_the_request(served: Served) -> None:

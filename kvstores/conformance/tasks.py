@@ -28,6 +28,7 @@ import pytest
 from kvstores.conformance._base import StoreConformance, requires
 from kvstores.errors import SerializationError
 from kvstores.loop import wait_event
+from kvstores.tasks._claims import INLINE_RESULT_BYTES
 from kvstores.tasks._engine import Claim, TaskEngine
 from kvstores.tasks._record import TaskRecord, TaskState
 from kvstores.tasks._worker import Outcome, Worker
@@ -94,24 +95,26 @@ class TaskEngineConformance(StoreConformance):
         new = await _claimed(second, record.ref)
         assert new.token == old.token + 1
         assert not await first.heartbeat(old)
-        assert not await first.finish(old, TaskState.COMPLETED, result={"from": "old"})
-        assert await second.finish(new, TaskState.COMPLETED, result={"from": "new"})
-        assert not await first.finish(old, TaskState.COMPLETED, result={"from": "old"})
+        padding = "x" * INLINE_RESULT_BYTES  # results kept beside the record, each under its run's token
+        assert not await first.finish(old, TaskState.COMPLETED, result={"from": "old", "padding": padding})
+        assert await second.finish(new, TaskState.COMPLETED, result={"from": "new", "padding": padding})
+        assert not await first.finish(old, TaskState.COMPLETED, result={"from": "old"})  # in the record: as fenced
         final = await first.read(record.id, "principal-a")
-        assert final is not None and final.result == {"from": "new"} and final.attempts == 2
+        assert final is not None and final.result == {"from": "new", "padding": padding} and final.attempts == 2
 
     @requires("atomic", "keys")
     async def test_tasks_a_terminal_state_is_final(self, store: Any) -> None:
         engine = TaskEngine(store)
         record = await _submit(engine)
         claim = await _claimed(engine, record.ref)
-        assert await engine.finish(claim, TaskState.COMPLETED, result={"ok": True})
+        result = {"ok": True, "text": "x" * INLINE_RESULT_BYTES}  # kept beside the record
+        assert await engine.finish(claim, TaskState.COMPLETED, result=result)
         assert await engine.cancel(record.id, "principal-a")  # acknowledged, nothing changes
         assert not await engine.finish(claim, TaskState.FAILED, error={"code": -1, "message": "late"})
         final = await engine.read(record.id, "principal-a")
-        assert final is not None and final.state is TaskState.COMPLETED and final.result == {"ok": True}
+        assert final is not None and final.state is TaskState.COMPLETED and final.result == result
         [listed] = await engine.records([record.ref])
-        assert listed is not None and listed.result is None, "a listing must not read results"
+        assert listed is not None and listed.result is None, "a listing must not read a large result"
         assert await engine.all_refs() == [record.ref]
         assert record.ref not in await engine.runnable()
         assert not await engine.cancel(record.id, "principal-b")

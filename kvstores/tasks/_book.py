@@ -27,7 +27,7 @@ __all__ = ["DEFAULT_LEASE", "DEFAULT_TTL", "QUEUE", "RECORDS", "SCAN_PAGE", "SIG
 logger = logging.getLogger("kvstores.tasks")
 
 RECORDS = "kvstores-tasks"
-"""The collection of task records, their results (``outcome/<ref>/<token>``: a listing reads records only)
+"""The collection of task records, their results over 1 KiB (``outcome/<ref>/<token>``: a listing reads no large one)
 and workers' fault reports (``fault/<ref>``)."""
 
 QUEUE = "kvstores-tasks-queue"

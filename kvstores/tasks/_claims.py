@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+import orjson
+
 from kvstores._lease import Lease
 from kvstores._telemetry import span
 from kvstores.errors import EncryptionKeyError, KVStoreError, SerializationError, StoreConnectionError
@@ -17,7 +19,10 @@ from kvstores.protocol import EnumerateKeysStore
 from kvstores.tasks._book import QUEUE, RECORDS, SCAN_PAGE, Change, TaskBook, logger
 from kvstores.tasks._record import TaskRecord, TaskRecordError, TaskState, label
 
-__all__ = ["Claim", "Claims"]
+__all__ = ["INLINE_RESULT_BYTES", "Claim", "Claims"]
+
+INLINE_RESULT_BYTES = 1024
+"""A run's result up to this size (as JSON) is stored in the task's record; a larger one beside it."""
 
 _RETRY_CAP = 1.0
 """Seconds between two attempts at most, while an outcome cannot be stored."""
@@ -205,9 +210,10 @@ class Claims(TaskBook):
         self._queued.pop(claim.task_ref, None)
         kept = None
         while True:
+            result = outcome[1].get("result")
             try:
-                if kept is None and outcome[1].get("result") is not None:
-                    kept = await self._keep_result(claim, outcome[1]["result"])
+                if kept is None and result is not None and not _fits_inline(result):
+                    kept = await self._keep_result(claim, result)
                 if kept is not None:
                     outcome = (outcome[0], {**outcome[1], "result": None, "result_token": claim.token})
                 changed = await self.fenced(claim, functools.partial(_outcome, state=outcome[0], fields=outcome[1]))
@@ -227,7 +233,8 @@ class Claims(TaskBook):
             if kept is not None:  # this run lost the task: its result names a lease nobody holds
                 await self._forget(kept)
             return False
-        self.changes.changed(claim.task_ref)  # readers held here answer at once; the signal wakes the others'
+        # readers held here answer at once, with the record as written; the signal wakes the others'
+        self.changes.changed(claim.task_ref, changed if kept is None else dataclasses.replace(changed, result=result))
         if changed.state is not TaskState.WORKING:
             await self._unqueue(claim.task_ref)
         await self._signal("done", claim.task_ref)
@@ -235,7 +242,8 @@ class Claims(TaskBook):
 
     async def _keep_result(self, claim: Claim, result: Any) -> str:
         """Store a run's result beside its record, under its lease's token (a late run of a lost lease writes
-        a key of its own, never the winner's); the key. Listing tasks then never reads results."""
+        a key of its own, never the winner's); the key. Listing tasks then never reads large results (one of
+        at most :data:`INLINE_RESULT_BYTES` goes in the record: the outcome is then one write)."""
         key = self._result_key(claim.task_ref, claim.token)
         await self.store.put(key, {"result": result}, collection=RECORDS, ttl=self.ttl)
         return key
@@ -247,8 +255,12 @@ class Claims(TaskBook):
             logger.warning("tasks: could not delete a dropped outcome: %s", exc)
 
 
-def _renewed(record: TaskRecord, now: float, length: float) -> TaskRecord:
-    return record if record.lease is None else dataclasses.replace(record, lease=record.lease.renewed(now, length))
+def _fits_inline(result: Any) -> bool:
+    """True when ``result`` is small enough to be stored in its task's record (as JSON)."""
+    try:
+        return len(orjson.dumps(result)) <= INLINE_RESULT_BYTES
+    except TypeError:  # not JSON as orjson sees it: the store's own encoding decides, beside the record
+        return False
 
 
 def _outcome(record: TaskRecord, state: TaskState, fields: Mapping[str, Any]) -> TaskRecord:

@@ -153,7 +153,7 @@ class TaskEngine(Claims):
             return True
         changed = await self._change(record.ref, None, lambda record: record.entering(TaskState.CANCELLED))
         if changed is not None:
-            self.changes.changed(record.ref)
+            self.changes.changed(record.ref, changed)
             await self._unqueue(record.ref)
             await self._signal("cancel", record.ref)
         return True

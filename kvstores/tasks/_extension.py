@@ -260,13 +260,14 @@ class StoreTasks(ServerExtension):
 
     async def _get(self, task_id: str) -> GetTaskResult:
         scope = _scope()
-        with self.engine.changes.watching(ref(task_id)) as changed:  # before the read: no change is missed
+        with self.engine.changes.watching(ref(task_id)) as watch:  # before the read: no change is missed
             record = await _stored(self.engine.read(task_id, scope))
             hold = (
                 0.0 if record is None or record.state is not TaskState.WORKING else min(self.hold, record.poll_ms / 1e3)
             )
-            if hold > 0 and await wait_event(changed, hold):
-                record = await _stored(self.engine.read(task_id, scope))
+            if hold > 0 and await wait_event(watch.event, hold):
+                # the record read above was this id's, in this scope: so is the final one this process wrote
+                record = watch.final or await _stored(self.engine.read(task_id, scope))
         if record is None:
             raise _not_found(task_id)
         return _detailed(record)

@@ -100,7 +100,7 @@ class TaskRecord:
     message: str | None = None
     progress: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
-    """The tool's result: stored beside the record (see ``result_token``), loaded by ``TaskEngine.read``."""
+    """The tool's result: in the record when small, else beside it (``result_token``; ``TaskEngine.read`` loads it)."""
     error: dict[str, Any] | None = None
     input_requests: dict[str, Any] | None = None
     input_keys: dict[str, str] | None = None
@@ -110,7 +110,7 @@ class TaskRecord:
     token: int = 0
     attempts: int = 0
     result_token: int | None = None
-    """Where the result is: beside the record, under the token of the run that wrote it (None: no result)."""
+    """Where a result kept beside the record is: under the token of the run that wrote it (None: in the record)."""
 
     @property
     def ref(self) -> str:
