@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvstores._loopback import tcp_socket
 from kvstores.dashboard._guard import LOOPBACK_HOSTS
 
 __all__ = ["DEFAULT_PORT", "TOKEN_VARIABLE", "Refused", "Settings", "add_arguments", "serve", "settings"]
@@ -101,7 +102,7 @@ async def serve(store: Any, spec: str, chosen: Settings) -> int:
     from kvstores.dashboard import app
 
     family = socket.AF_INET6 if ":" in chosen.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = tcp_socket(family)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((chosen.host.strip("[]"), chosen.port))

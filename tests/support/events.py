@@ -20,6 +20,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from kvstores._loopback import tcp_socket
 from kvstores.errors import StoreConnectionError
 
 PROTOCOL_VERSION = "2025-11-25"
@@ -154,7 +155,7 @@ async def serving(app: Any, port: int = 0) -> AsyncIterator[str]:
 
     ``port`` 0 takes a free one; a given port may be served again after a restart.
     """
-    with socket.socket() as sock:
+    with tcp_socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
