@@ -158,6 +158,36 @@ _NON_FINITE_FLOAT = re.compile(rb"[g\xe7][\x00-\xff]{6}[\xf0-\xff][\x7f\xff]")
 IEEE bytes) whose exponent bits are all ones: NaN or +-inf. UTF-8 text never holds the last two
 bytes, so strings cannot match; any other false match only sends the value down the stdlib path."""
 
+_FLOAT_MARKERS = (ord("g"), ord("g") | 0x80)
+"""The first byte of a float in marshal's format 4: 'g', with or without the reference flag."""
+
+_LAST_BYTE_LOOKS = 64
+"""Bytes 0x7f and 0xff (a non-finite float's last byte) checked one by one, plus one per KB of JSON
+text, before the text and the pattern are searched instead (a look costs about what searching a KB
+does): integers hold such bytes too (-1 is four 0xff), but most values hold a few per KB."""
+
+
+def _holds_non_finite(screened: bytes, raw: bytes) -> bool:
+    """Whether marshal's ``screened`` form of a value whose orjson text is ``raw`` may hold NaN or inf.
+
+    Each 0x7f and 0xff byte is found with memchr and looked at in place (:data:`_NON_FINITE_FLOAT`'s
+    test): a scan of a megabyte costs microseconds where ``b"null" in raw`` cost half a millisecond.
+    Past a budget of them (:data:`_LAST_BYTE_LOOKS`), orjson's text is looked at instead (it writes NaN and inf
+    as null), then the pattern.
+    """
+    looks = _LAST_BYTE_LOOKS + len(raw) // 1024
+    for last in (b"\x7f", b"\xff"):
+        at = screened.find(last, 8)
+        while at != -1:
+            if screened[at - 1] >= 0xF0 and screened[at - 8] in _FLOAT_MARKERS:
+                return True
+            looks -= 1
+            if not looks:
+                return b"null" in raw and _NON_FINITE_FLOAT.search(screened) is not None
+            at = screened.find(last, at + 1)
+    return False
+
+
 _COUNT_BYTES = 4096
 """Up to this size, counting brackets (a value deeper than MAX_DEPTH has more than MAX_DEPTH)
 costs less than dumping the value inside the padding's lists; beyond it, more."""
@@ -257,9 +287,8 @@ def _encode_fast(value: dict[str, Any], native: bool = False) -> tuple[bytes, by
         screened = marshal.dumps(value, 4)
     except ValueError:
         raise _NotPlainJSON from None
-    # orjson writes NaN and inf as null: their marshal form ends in 0x7f or 0xff (one memchr
-    # each finds none in most values), then text without "null" holds neither, else the pattern
-    if (b"\x7f" in screened or b"\xff" in screened) and b"null" in raw and _NON_FINITE_FLOAT.search(screened):
+    # orjson writes NaN and inf as null: marshal's form tells them apart from None
+    if _holds_non_finite(screened, raw):
         raise _NotPlainJSON
     if native:
         return raw, screened if walked else None  # walked (or padded): the depth is vouched for

@@ -13,6 +13,7 @@ import json
 import math
 import re
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -265,3 +266,20 @@ def test_the_size_limit_is_exact() -> None:
 def test_non_finite_floats_are_refused_beside_nulls(value: dict[str, Any]) -> None:
     with pytest.raises(SerializationError, match="not JSON compliant"):
         _codec.encode_value(value)
+
+
+@pytest.mark.parametrize("count", [0, 10, 5_000], ids=["alone", "few-lookalikes", "past-the-budget"])
+@pytest.mark.parametrize("encode", [_codec.encode_value, _codec.encode_native], ids=["text", "native"])
+def test_a_non_finite_float_is_found_among_integers_that_share_its_last_byte(
+    count: int, encode: Callable[[dict[str, Any]], object]
+) -> None:
+    """A negative integer's marshal form holds 0xff bytes, as a NaN's or an infinity's last byte does: the
+    screen looks at each in place (within a budget, then at the whole text) and finds the float wherever it
+    is; without one, the integers pass."""
+    integers = [-(i + 1_000) for i in range(count)]  # two 0xff bytes each, distinct objects (no marshal refs)
+    for bad in (math.nan, math.inf, -math.inf):
+        with pytest.raises(SerializationError, match="not JSON compliant"):
+            encode({"a": integers, "b": [None, bad]})
+    encoded = encode({"a": integers, "b": [None, 1.5]})
+    decoded = _codec.decode_native(encoded, "k") if isinstance(encoded, bytes) else json.loads(str(encoded))
+    assert decoded == {"a": integers, "b": [None, 1.5]}
