@@ -17,9 +17,11 @@ import pytest
 
 from kvstores import open_store
 from kvstores._sealing import generate_key
-from kvstores.errors import EncryptionKeyError
-from kvstores.tasks._engine import QUEUE, RECORDS
-from kvstores.tasks._record import ref
+from kvstores.backends.memory import MemoryStore
+from kvstores.errors import EncryptionKeyError, StoreConnectionError
+from kvstores.tasks._book import Change
+from kvstores.tasks._engine import QUEUE, RECORDS, Claim, TaskEngine
+from kvstores.tasks._record import TaskRecord, TaskState, ref
 from tests.support import Backend
 from tests.support.faults import proxied
 from tests.support.fixtures import rows, rows_with
@@ -357,3 +359,35 @@ async def test_the_store_down_while_a_task_runs_loses_no_result(backend: Backend
         finally:
             await wire.aclose()
             server.__exit__()
+
+
+# -- the engine, in this process ---------------------------------------------------------------------
+
+
+class _FirstOutcomeWriteFails(TaskEngine):
+    """A TaskEngine whose store drops its first fenced write (an outage: the outcome is retried)."""
+
+    dropped = False
+
+    async def fenced(self, claim: Claim, change: Change) -> TaskRecord | None:
+        if not self.dropped:
+            self.dropped = True
+            raise StoreConnectionError("the store dropped the connection")
+        return await super().fenced(claim, change)
+
+
+@pytest.mark.parametrize("size", [10, 2_000], ids=["in-the-record", "beside-the-record"])
+async def test_a_held_reader_is_handed_the_result_of_an_outcome_written_after_a_retry(size: int) -> None:
+    """An outcome whose first write failed is written again; the reader held in this process is handed the
+    final record with its result, whether the result went in the record or beside it."""
+    engine = _FirstOutcomeWriteFails(MemoryStore())
+    record = await engine.submit(
+        tool="tool", version=None, arguments={}, scope=None, caller={}, poll_interval_ms=100, claim=True
+    )
+    result = {"text": "x" * size}
+    with engine.changes.watching(record.ref) as watch:
+        assert await engine.finish(Claim(record, record.token), TaskState.COMPLETED, result=result)
+        assert engine.dropped and watch.event.is_set()
+        assert watch.final is not None and watch.final.result == result, watch.final
+    stored = await engine.read(record.id, None)
+    assert stored is not None and stored.result == result

@@ -13,17 +13,16 @@ final response, the follower answers the request with a JSON-RPC error (-32603,
 :data:`STOPPED_MESSAGE`) within ``LEASE_TTL`` + 1 s of the runner's death (the lease, a 0.5 s
 grace, a poll), plus the time the store takes to write the end record; when events of the
 stream were lost (the ring lapped, or an event the store failed to keep) it answers likewise
-rather than skip them. Either way the
-response ends there. The error carries the request's id as the client sent it (from the
-entries; without it, the stream id, an int when it is all digits).
+rather than skip them. Either way the response ends there. The error carries the request's id
+as the client sent it (from the entries; without it, the stream id, an int when it is all digits).
 
 The error is the request's end record (:mod:`kvstores.events._ring`), written before it is sent;
 if another process's record is there first, that one is sent. If the store does not take the
-record within :data:`_FENCE_TIMEOUT` (2 s: another process holds SQLite's write lock, the store is
-down), the follower answers anyway, with :data:`UNSETTLED_MESSAGE`: never a silent success. The
-wait is that long because the other answer is a worse one: a loaded machine's store can take
-half a second for one write, and "it may still complete" leaves the user to find out. The SDK's GET stream is
-replayed, not followed: it never ends.
+record within :data:`_FENCE_TIMEOUT` (2 s: another process holds SQLite's write lock, the store
+is down), the follower answers anyway, with :data:`UNSETTLED_MESSAGE`: never a silent success.
+The wait is that long because that answer is the worse one: a loaded machine's store can take
+half a second for one write, and "it may still complete" leaves the user to find out. The SDK's
+GET stream is replayed, not followed: it never ends.
 """
 
 from __future__ import annotations

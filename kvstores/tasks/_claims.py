@@ -208,9 +208,10 @@ class Claims(TaskBook):
         delay = 0.05
         outcome = (state, dict(fields))
         self._queued.pop(claim.task_ref, None)
-        kept = None
+        kept = result = None
         while True:
-            result = outcome[1].get("result")
+            if kept is None:  # once kept beside the record, the outcome's own field is None
+                result = outcome[1].get("result")
             try:
                 if kept is None and result is not None and not _fits_inline(result):
                     kept = await self._keep_result(claim, result)
