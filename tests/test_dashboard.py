@@ -21,6 +21,7 @@ from kvstores._sealing import generate_key
 from kvstores.dashboard import app
 from kvstores.dashboard._collect import Collector
 from kvstores.tasks import TaskEngine, TaskState
+from kvstores.tasks._claims import INLINE_RESULT_BYTES
 from tests.support import Backend
 from tests.support.dashboard import OPERATOR_TOKEN, ROOT, SECRET, assert_no_secret, dashboard, seed, seed_many
 from tests.support.fixtures import rows
@@ -288,7 +289,8 @@ async def test_every_read_is_a_bounded_page_and_viewers_share_samples() -> None:
             )
             if index % 2:
                 claim = await engine.claim(record.ref)
-                assert claim is not None and await engine.finish(claim, TaskState.COMPLETED, result={"n": index})
+                result = {"n": index, "padding": "x" * INLINE_RESULT_BYTES}  # kept beside the record
+                assert claim is not None and await engine.finish(claim, TaskState.COMPLETED, result=result)
         counting = _Counting(memory)
         collector = Collector(counting, interval=3_600, page=500)
         first = await collector.snapshot()
