@@ -22,7 +22,9 @@ The mechanism, written once. Record leases (background tasks use them; see :mod:
   has seen *the same* lapsed lease (same token, same expiry) for at least :func:`confirm_after`
   seconds, with no store error of its own in between (:class:`LapseWatch`). That window is
   longer than the holder's renewal retry, so a live holder renews first and the claimer sees a
-  new expiry. A dead holder's record is claimed within ``lease + confirm_after + one scan``.
+  new expiry. The claimer tries the record again when that window ends (:meth:`LapseWatch.due`),
+  not at a later scan, so a dead holder's record is claimed within ``lease + one scan +
+  confirm_after``.
 
 Presence leases (a process's liveness; live event streams use one, see :mod:`kvstores.events`):
 
@@ -124,6 +126,14 @@ class LapseWatch:
             self._seen[item] = (lease, now)
             return False
         return now - seen[1] >= self.window
+
+    def due(self, item: str) -> float | None:
+        """The clock's time at which the sighting of ``item`` has lasted the window (None: none seen).
+
+        A claimer tries ``item`` again at that time rather than at its next scan, so a dead holder's
+        record is claimed ``confirm_after`` after it was first seen lapsed, not up to a scan later."""
+        seen = self._seen.get(item)
+        return None if seen is None else seen[1] + self.window
 
     def forget(self, item: str) -> None:
         """``item`` was claimed or ended: drop its sighting."""

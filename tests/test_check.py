@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from kvstores.conformance import TaskEngineConformance
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = "tests.support.check_targets"
 
@@ -69,7 +71,8 @@ def test_missing_capabilities_are_skipped_not_failed(tmp_path: Path) -> None:
 def test_the_tasks_suite_runs_and_a_core_only_store_skips_it() -> None:
     result = kvstores("check", "memory://", "--suite", "tasks")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "11 passed, 0 failed, 1 skipped" in result.stdout
+    checks = sum(name.startswith("test_") for name in dir(TaskEngineConformance))
+    assert f"{checks - 1} passed, 0 failed, 1 skipped" in result.stdout  # one needs a second store object
     bare = kvstores("check", f"{TARGETS}:core_only", "--suite", "tasks")
     assert bare.returncode == 0, bare.stdout + bare.stderr
     assert "the store has no put_if_absent()" in bare.stdout and "FAILED" not in bare.stdout

@@ -170,6 +170,34 @@ async def test_client_from_sentinel_master_for(setup: SentinelSetup) -> None:
         await sentinel.aclose()
 
 
+def _clients(server: RedisServer) -> int:
+    """Connections open on ``server``, not counting the one that asks."""
+    with redis.Redis(port=server.port, socket_timeout=1) as client:
+        return len(client.client_list()) - 1
+
+
+async def test_lookups_at_once_leave_no_sentinel_connection_open(setup: SentinelSetup, tmp_path: Path) -> None:
+    """Every look-up first asks a server that cannot answer (a plain Redis: SENTINEL is unknown to it), then the
+    next sentinel; look-ups at once must not lose that first client, whose connections the store's close closes."""
+    mute = RedisServer(tmp_path)
+    mute.start()
+    try:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in [mute.port, *setup.sentinel_ports])
+        store = RedisStore.from_url(f"redis+sentinel://{hosts}/{SERVICE}/0?prefix=lookups&timeout={TIMEOUT}")
+        try:  # put_many is not coalesced: eight calls at once open eight connections, each looking up the primary
+            await asyncio.gather(*(store.put_many([f"k{i}"], [{"i": i}]) for i in range(8)))
+            assert await asyncio.to_thread(_clients, mute) >= 1, "the look-ups never asked the first server"
+        finally:
+            await store.aclose()
+        for _ in range(100):  # at most 10 s for the server to see the closes
+            if await asyncio.to_thread(_clients, mute) == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert await asyncio.to_thread(_clients, mute) == 0, "the store left connections open on a sentinel"
+    finally:
+        mute.stop()
+
+
 @dataclass
 class Writes:
     """Writes of a load, each key once: when each was acknowledged."""

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 
 from kvstores import open_store
@@ -20,6 +21,7 @@ from kvstores._sealing import generate_key
 from kvstores.backends.memory import MemoryStore
 from kvstores.errors import EncryptionKeyError, StoreConnectionError
 from kvstores.tasks._book import Change
+from kvstores.tasks._claims import INLINE_RESULT_BYTES, _fits_inline
 from kvstores.tasks._engine import QUEUE, RECORDS, Claim, TaskEngine
 from kvstores.tasks._record import TaskRecord, TaskState, ref
 from tests.support import Backend
@@ -110,6 +112,28 @@ async def test_a_small_result_is_kept_in_its_record_and_a_large_one_beside_it(se
         else:
             kept = await store.get(f"outcome/{ref(task_id)}/{stored['result_token']}", collection=RECORDS)
             assert stored["result"] is None and kept == {"result": done["result"]}, (stored, kept)
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"text": "x" * (INLINE_RESULT_BYTES - 11)},  # exactly the limit as JSON
+        {"text": "x" * (INLINE_RESULT_BYTES - 10)},  # one byte past it
+        {"text": "\n" * (INLINE_RESULT_BYTES // 2)},  # under the limit in characters, past it once escaped
+        {"text": "é" * (INLINE_RESULT_BYTES // 2 - 5)},  # two bytes a character
+        list(range(100_000)),  # past the limit long before the walk would end
+        [[], {}, None, True, 1.5, ""],
+        {"model": object()},  # not JSON: kept beside the record, where the store's encoding decides
+    ],
+)
+def test_a_result_is_kept_in_its_record_exactly_when_its_json_fits(result: Any) -> None:
+    """The size check that decides where a result goes (it stops early for large results) agrees with
+    the size of the result's JSON, byte for byte, at the limit and on either side of it."""
+    try:
+        fits = len(orjson.dumps(result)) <= INLINE_RESULT_BYTES
+    except TypeError:
+        fits = False
+    assert _fits_inline(result) is fits
 
 
 async def test_a_task_started_by_its_submitting_server_runs_outside_the_request(served: Served) -> None:

@@ -175,7 +175,7 @@ async def test_a_task_whose_worker_was_killed_runs_again_elsewhere(
         done = await wires[other].wait(task_id, within=40, pause=0.2)
         assert done["status"] == "completed", done
         assert done["result"]["structuredContent"] == {"result": f"pid {pids[other]}"}
-        assert time.monotonic() - killed < 15 + 0.5 + 5  # the documented bound, the re-run, the polling
+        assert time.monotonic() - killed < 17.5 + 3  # the documented bound (README), the re-run, the polling
         assert (await run_log(wires[other], marker))["runs"]["runs"] == 2
 
 

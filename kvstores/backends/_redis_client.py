@@ -119,6 +119,26 @@ def connect(url: str, timeout: float, max_connections: int, options: dict[str, A
     return Redis.from_pool(pool), None
 
 
+class _Sentinel(Sentinel):
+    """redis-py's Sentinel, asking its sentinels for the primary one look-up at a time.
+
+    redis-py's ``discover_master`` moves the sentinel that answered to the front of its list,
+    after an await: two look-ups in flight at once (each new connection makes one, so a failover
+    under load makes several) can write one sentinel's client over another's. The client that
+    falls out of the list is never asked again, and ``aclose()`` never closes it: its sockets are
+    left to the garbage collector. One look-up at a time keeps the list whole.
+    """
+
+    def __init__(self, sentinels: list[tuple[str, int]], sentinel_kwargs: dict[str, Any]) -> None:
+        super().__init__(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis-py 8.2
+        self._looking_up = asyncio.Lock()
+
+    async def discover_master(self, service_name: str) -> Any:
+        """The primary's (host, port), as the first sentinel that knows it says."""
+        async with self._looking_up:
+            return await super().discover_master(service_name)
+
+
 def _connect_sentinel(url: str, options: dict[str, Any]) -> tuple[Redis, Sentinel]:
     """A client of the primary of ``redis+sentinel://[user:password@]host:port[,...]/service[/db]``."""
     parts = urlsplit(url)
@@ -141,7 +161,7 @@ def _connect_sentinel(url: str, options: dict[str, Any]) -> tuple[Redis, Sentine
     # each sentinel is asked once per look-up, the next one on failure: redis-py's default
     # (3 retries with backoff up to 10 s per sentinel) would hold a call for tens of seconds
     sentinel_options.setdefault("retry", Retry(NoBackoff(), 0))
-    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis-py 8.2
+    sentinel = _Sentinel(sentinels, sentinel_kwargs=sentinel_options)
     if username:
         options.setdefault("username", unquote(username))
     if has_password:

@@ -41,7 +41,8 @@ own: the store never closes it, and the client's own settings (timeouts, retries
 size) apply; a client made by ``redis.asyncio.sentinel.Sentinel(...).master_for(name)`` follows
 failovers as the URL's does.
 
-Sentinel: every new connection asks the sentinels (in turn) for the current primary, and a
+Sentinel: every new connection asks the sentinels (in turn; one look-up at a time for a
+``redis+sentinel://`` URL, see ``_redis_client._Sentinel``) for the current primary, and a
 connection to a primary that was demoted is dropped (redis-py turns its READONLY replies into
 connection errors). So during a failover calls raise StoreConnectionError, and once the
 sentinels have promoted a replica the same store object carries on there. Replication is
@@ -239,9 +240,11 @@ class RedisStore(BaseStore):
     async def _close(self) -> None:
         await self._gate.close(self._timeout)
         if self._owns_client:
-            await close_client(self.client)
-            if self._sentinel is not None:
-                await self._sentinel.aclose()
+            try:
+                await close_client(self.client)
+            finally:  # the sentinels' connections too, whatever closing the primary's raised
+                if self._sentinel is not None:
+                    await self._sentinel.aclose()
 
     # -- keys ----------------------------------------------------------------------
 

@@ -158,6 +158,28 @@ class TaskEngineConformance(StoreConformance):
         assert final is not None and final.result == {"attempt": 1} and final.attempts == 1
 
     @requires("atomic", "keys")
+    async def test_tasks_a_dead_holders_task_runs_once_its_lapse_is_confirmed(self, store: Any) -> None:
+        holder = TaskEngine(store, lease=self.lease)
+        record = await _submit(holder)
+        held = await _claimed(holder, record.ref)
+        assert held.record.lease is not None
+        await asyncio.sleep(max(0.0, held.record.lease.expires - time.time()) + 0.05)  # the holder died
+        ran = asyncio.Event()
+
+        async def execute(claim: Claim, _: TaskEngine) -> Outcome:
+            ran.set()
+            return Outcome(TaskState.COMPLETED, {"result": {}})
+
+        # the first scan sees the lapse; the next is an hour away: the claim must come when the window ends
+        worker = Worker(TaskEngine(store, lease=self.lease), execute, rescan=3_599)
+        running = asyncio.get_running_loop().create_task(worker.run())
+        try:
+            assert await wait_event(ran, 30), "a lapse seen once must be claimed when confirmed, not a scan later"
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+
+    @requires("atomic", "keys")
     async def test_tasks_a_running_task_outlives_its_ttl(self, store: Any) -> None:
         engine = TaskEngine(store, lease=self.lease, ttl=self.ttl)
         record = await _submit(engine)

@@ -50,23 +50,25 @@ problem instead of crashing the process.
 
 Costs and timing:
 
-- A request on a session this process already serves reads its record once (a ``get``), so
-  that no process serves a session after a DELETE elsewhere has answered; once per
-  ``refresh_interval`` (``idle_ttl / 4``, at most :data:`MAX_REFRESH_INTERVAL` seconds) that read
-  is an atomic update instead, which pushes the record's expiry back. Opening a session costs one
+- A request on a session this process already serves reads its record (a ``get``) when its
+  last reading began 0.25 s ago or more (``READ_WINDOW``), so that no process serves a session
+  after a DELETE elsewhere has answered: the DELETE of a session that another process than its
+  creator served waits out that window before it answers. Once per ``refresh_interval``
+  (``idle_ttl / 4``, at most :data:`MAX_REFRESH_INTERVAL` seconds) the read is an atomic update
+  instead, which pushes the record's expiry back. Opening a session costs one
   ``put_if_absent``; adopting one a read and an update; DELETE an update; an unknown session id
   one read. A registry that cannot be read leaves a held session served (logged), as in an outage.
 - A record expires ``idle_ttl + refresh_interval`` seconds after its last refresh, so the
   registry holds only sessions used within about ``idle_ttl`` (default one day, like FastMCP's
   session state), and a session stays adoptable for at least ``idle_ttl`` after its last request.
 - A DELETE is recorded before its response is sent, so every process refuses the session from
-  then on (its next request reads the record). It is also signalled on the store's signal
-  channel :data:`TERMINATIONS` (:mod:`kvstores.signals`; the message is the id's SHA-256), so
-  that every process that holds the session closes it (its open streams) at once: a doorbell,
-  never what refuses a request. After a signal GAP a process re-reads the records of the
-  sessions it holds (one ``get_many`` per 500); a kvstores store without a signal transport
-  re-reads them every 0.5 s instead; a foreign store (no channel at all) leaves it to the next
-  request.
+  then on (its next request reads the record: every earlier reading has expired). It is also
+  signalled on the store's signal channel :data:`TERMINATIONS` (:mod:`kvstores.signals`; the
+  message is the id's SHA-256), so that every process that holds the session closes it (its
+  open streams) at once: a doorbell, never what refuses a request. After a signal GAP a process
+  re-reads the records of the sessions it holds (one ``get_many`` per 500); a kvstores store
+  without a signal transport re-reads them every 0.5 s instead; a foreign store (no channel at
+  all) leaves it to the next request.
 - Only an explicit DELETE terminates a session for good. The SDK's in-process idle timeout
   and a shutdown only drop the process's copy; the next request adopts the session again.
 - Registration and refresh need :class:`kvstores.AtomicStore` (every built-in backend): a new

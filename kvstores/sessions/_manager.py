@@ -195,7 +195,7 @@ class DurableSessionManager(StreamableHTTPSessionManager):
                 return error_response("Too many open sessions", 503)
             await self._start_adopted(record)
         # A termination may have landed between the read above and the adoption: read it again.
-        if session_id not in self._server_instances or await self._terminations.ended(session_id, now=True):
+        if session_id not in self._server_instances or await self._terminations.ended(session_id, adopted=True):
             return session_not_found()
         return None
 

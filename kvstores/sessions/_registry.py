@@ -96,6 +96,10 @@ class SessionRecord:
     """The client's ``initialize`` params (protocol version, capabilities, client info)."""
     owner: dict[str, Any] | None
     """The creator's authorization context (client_id, issuer, subject); None without auth."""
+    shared: bool = True
+    """True once a process other than its creator adopted it (a DELETE then waits out the others' reads;
+    see :mod:`kvstores.sessions._terminations`). A record without the field, written by an older
+    kvstores or rewritten by one, counts as shared."""
 
     def to_json(self) -> dict[str, Any]:
         """The stored form of the record."""
@@ -108,6 +112,7 @@ class SessionRecord:
             "protocol_version": self.protocol_version,
             "handshake": self.handshake,
             "owner": self.owner,
+            "shared": self.shared,
         }
 
     @classmethod
@@ -128,6 +133,7 @@ class SessionRecord:
                 protocol_version=_typed(stored, "protocol_version", (str, type(None))),
                 handshake=_typed(stored, "handshake", (dict, type(None))),
                 owner=_typed(stored, "owner", (dict, type(None))),
+                shared=_typed(stored, "shared", bool) if "shared" in stored else True,
             )
         except (KeyError, TypeError) as exc:
             raise SessionRecordError(f"session record {label(session_id)} is corrupt: {exc}") from exc
@@ -197,6 +203,7 @@ class SessionRegistry:
             protocol_version=protocol_version,
             handshake=None if handshake is None else dict(handshake),
             owner=None if owner is None else dict(owner),
+            shared=False,
         )
         return await self._atomic.put_if_absent(
             session_id, record.to_json(), collection=self.collection, ttl=self.record_ttl
@@ -208,10 +215,11 @@ class SessionRegistry:
             stored = await self.store.get(session_id, collection=self.collection)
         return None if stored is None else SessionRecord.from_json(session_id, stored)
 
-    async def touch(self, session_id: str) -> SessionRecord | None:
+    async def touch(self, session_id: str, *, adopted: bool = False) -> SessionRecord | None:
         """Push back the expiry of a live record; return the record as it now is (None when absent).
 
-        A terminated record is returned as it is, never revived.
+        A terminated record is returned as it is, never revived. ``adopted``: the caller is a
+        process that did not create the session, now serving it (the record becomes shared).
         """
         now = time.time()
 
@@ -219,7 +227,9 @@ class SessionRegistry:
             if old is None:
                 return None
             record = SessionRecord.from_json(session_id, old)
-            return old if record.terminated else replace(record, seen=now).to_json()
+            if record.terminated:
+                return old
+            return replace(record, seen=now, shared=record.shared or adopted).to_json()
 
         with _readable(session_id):
             stored = await self._atomic.update(session_id, refreshed, collection=self.collection, ttl=self.record_ttl)
@@ -241,15 +251,22 @@ class SessionRegistry:
                     continue
         return ended
 
-    async def terminate(self, session_id: str) -> None:
-        """Mark ``session_id`` terminated (a tombstone that lives ``record_ttl``), whatever was recorded."""
+    async def terminate(self, session_id: str) -> bool:
+        """Mark ``session_id`` terminated (a tombstone that lives ``record_ttl``), whatever was recorded.
+
+        Returns whether the session was shared as the tombstone replaced it (True when that is
+        not known: no record, or one that could not be read).
+        """
         now = time.time()
+        shared = True
 
         def tombstone(old: dict[str, Any] | None) -> dict[str, Any]:
+            nonlocal shared
             try:
                 record = None if old is None else SessionRecord.from_json(session_id, old)
             except SessionRecordError:
                 record = None  # an unreadable record is replaced: the client's DELETE wins
+            shared = record is None or record.shared
             if record is None:
                 record = SessionRecord(session_id, now, now, True, None, None, None)
             return replace(record, terminated=True, seen=now).to_json()
@@ -259,6 +276,7 @@ class SessionRegistry:
         except DeserializationError:
             # The stored bytes do not even decode: overwrite them with a fresh tombstone.
             await self.store.put(session_id, tombstone(None), collection=self.collection, ttl=self.record_ttl)
+        return shared
 
 
 @contextlib.contextmanager

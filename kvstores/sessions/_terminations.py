@@ -3,11 +3,16 @@
 The mechanism, written once:
 
 - **The record decides.** A DELETE writes a tombstone into the session's registry record before
-  its response is sent (:meth:`Terminations.record`), and every process reads a held session's
-  record before it serves a request of it (:meth:`Terminations.ended`: a ``get``, or once per
-  ``refresh_interval`` the ``touch`` that keeps the record alive). So no request sent after the
-  DELETE's answer is served anywhere, whatever any signal did. A registry that cannot be read
-  leaves the session served (logged): an outage is not a termination.
+  its response is sent (:meth:`Terminations.record`), and a process serves a request of a held
+  session only on a reading of its record that began less than :data:`READ_WINDOW` seconds
+  before (:meth:`Terminations.ended`: a ``get`` when the last reading is older, or once per
+  ``refresh_interval`` the ``touch`` that keeps the record alive). When the record says that
+  another process than the session's creator adopted it (``shared``), the DELETE waits out that
+  window after its tombstone is written, before it answers: every reading that began before the
+  tombstone then has expired, in every process. So no request sent after the DELETE's answer is
+  served anywhere, whatever any signal did, and a busy session costs one read per window, not
+  one per request. A registry that cannot be read leaves the session served (logged): an
+  outage is not a termination.
 - **The signal is a doorbell.** After the DELETE the process announces it on the store's signal
   channel :data:`TERMINATIONS` (the id's SHA-256), so that every process holding the session
   drops it at once and ends its open streams; after a signal GAP each re-reads the records of
@@ -46,6 +51,12 @@ BOOKKEEPING_TIMEOUT = 10.0
 _POLL = 0.5
 """Seconds between two checks of the sessions held, on a kvstores store without a signal channel."""
 
+READ_WINDOW = 0.25
+"""Seconds a process serves a held session on one reading of its record (counted from before the read)."""
+
+_WINDOW_MARGIN = 0.01
+"""Seconds a DELETE of a shared session waits beyond :data:`READ_WINDOW` (for clocks running at other rates)."""
+
 _GONE = object()
 """What a read returns when the registry has no record of the session (expired or never written)."""
 
@@ -62,6 +73,7 @@ class Terminations:
         self.held = held
         self.drop = drop
         self._checked: dict[str, float] = {}  # session id -> monotonic time of its last refresh
+        self._read: dict[str, float] = {}  # session id -> monotonic time before its last reading that found it live
         self._digests: dict[str, str] = {}  # digest(id) -> id of each session held here
         self._tasks: TaskGroup | None = None
 
@@ -73,30 +85,41 @@ class Terminations:
     def release(self, session_id: str) -> None:
         """``session_id`` is no longer served here."""
         self._checked.pop(session_id, None)
+        self._read.pop(session_id, None)
         self._digests.pop(digest(session_id), None)
 
     # -- before each request -------------------------------------------------------------
 
-    async def ended(self, session_id: str, *, now: bool = False) -> bool:
+    async def ended(self, session_id: str, *, adopted: bool = False) -> bool:
         """True (and the session dropped here) when its record says it ended or is gone.
 
-        Reads the record, or refreshes it once per refresh interval (at once when ``now``).
+        Reads the record unless a reading of it began within :data:`READ_WINDOW`, or refreshes it
+        once per refresh interval; ``adopted``: this process just adopted the session (the record
+        is refreshed at once, and marked shared).
         """
+        started = time.monotonic()
         last = self._checked.get(session_id)
-        due = now or last is None or time.monotonic() - last >= self.registry.refresh_interval
+        due = adopted or last is None or started - last >= self.registry.refresh_interval
+        if not due and started - self._read.get(session_id, -READ_WINDOW) < READ_WINDOW:
+            return False
         if due:
-            self._checked[session_id] = time.monotonic()
-        record = await self._look_up(session_id, touch=due)
-        if record is None or (isinstance(record, SessionRecord) and not record.terminated):
+            self._checked[session_id] = started
+        record = await self._look_up(session_id, touch=due, adopted=adopted)
+        if record is None:
+            return False
+        if isinstance(record, SessionRecord) and not record.terminated:
+            self._read[session_id] = started
             return False
         logger.info("Session %s was terminated or expired elsewhere; closing it here", label(session_id))
         self.drop(session_id)
         return True
 
-    async def _look_up(self, session_id: str, *, touch: bool) -> SessionRecord | object | None:
+    async def _look_up(self, session_id: str, *, touch: bool, adopted: bool) -> SessionRecord | object | None:
         """The record (touched when ``touch``), ``_GONE`` when absent, None when the registry could not say."""
         try:
-            record = await (self.registry.touch(session_id) if touch else self.registry.get(session_id))
+            record = await (
+                self.registry.touch(session_id, adopted=adopted) if touch else self.registry.get(session_id)
+            )
         except Exception as exc:
             logger.warning(
                 "Could not %s session %s in the session registry: %s",
@@ -110,10 +133,15 @@ class Terminations:
     # -- recording and announcing ------------------------------------------------------------
 
     async def record(self, session_id: str, *, announce: bool = True) -> bool:
-        """Record (and announce) that ``session_id`` ended; False (logged) when the registry could not record it."""
+        """Record (and announce) that ``session_id`` ended; False (logged) when the registry could not record it.
+
+        Returns once no process serves the session on a reading of its record older than the
+        tombstone (a shared session's readings expire :data:`READ_WINDOW` after they began).
+        """
         try:
             with anyio.CancelScope(shield=True), anyio.fail_after(BOOKKEEPING_TIMEOUT):
-                await self.registry.terminate(session_id)
+                if await self.registry.terminate(session_id):
+                    await anyio.sleep(READ_WINDOW + _WINDOW_MARGIN)
         except Exception as exc:
             logger.error(
                 "Could not record the termination of session %s: %s", label(session_id), scrubbed(exc, session_id)

@@ -77,6 +77,11 @@ class Claims(TaskBook):
             or (record.state is TaskState.WORKING and (record.lease is None or record.lease.lapsed(now)))
         ]
 
+    def confirmable_at(self, task_ref: str) -> float | None:
+        """The ``time.monotonic()`` at which a lapse of ``task_ref`` that :meth:`claim` saw but could not
+        yet claim is confirmed (in the past, or None: no lapse is waiting for its window)."""
+        return self._lapses.due(task_ref)
+
     async def claim(self, task_ref: str) -> Claim | None:
         """Take the lease of ``task_ref`` when it is runnable: never leased, released, or its lease
         confirmed lapsed (:class:`kvstores._lease.LapseWatch`: a lapse seen right after an outage
@@ -257,11 +262,39 @@ class Claims(TaskBook):
 
 
 def _fits_inline(result: Any) -> bool:
-    """True when ``result`` is small enough to be stored in its task's record (as JSON)."""
+    """True when ``result`` is small enough to be stored in its task's record (as JSON).
+
+    A large result is told by a walk that stops past the limit (the store encodes it once, beside
+    the record); only a result that may fit is encoded here, to measure it.
+    """
+    if _json_floor(result, INLINE_RESULT_BYTES) > INLINE_RESULT_BYTES:
+        return False
     try:
         return len(orjson.dumps(result)) <= INLINE_RESULT_BYTES
     except TypeError:  # not JSON as orjson sees it: the store's own encoding decides, beside the record
         return False
+
+
+def _json_floor(value: Any, limit: int) -> int:
+    """A lower bound of ``value``'s size as JSON, in bytes; the walk stops once it passes ``limit``."""
+    size = 0
+    pending = [value]
+    while pending and size <= limit:
+        item = pending.pop()
+        if isinstance(item, str):
+            size += len(item) + 2  # its quotes; a character is one byte at least
+        elif isinstance(item, dict):
+            size += 2 * len(item) + 1  # braces, and a colon and a comma per member
+            if size <= limit:
+                pending.extend(item.keys())
+                pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            size += len(item) + 1  # brackets and commas
+            if size <= limit:
+                pending.extend(item)
+        else:  # a number, true, false or null: one character at least
+            size += 1
+    return size
 
 
 def _outcome(record: TaskRecord, state: TaskState, fields: Mapping[str, Any]) -> TaskRecord:

@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +84,7 @@ class Worker:
         self._reserved = 0  # slots taken by tasks this process is submitting already claimed (reserve())
         self._stopped = False
         self._cursor: str | None = None  # where the next scan of the queue starts (None: at its start)
+        self._rechecks: dict[str, asyncio.TimerHandle] = {}  # lapses seen, tried again when confirmable
         self._context: contextvars.Context | None = None  # the run loop's: every tool runs in a copy of it
 
     async def run(self) -> None:
@@ -113,6 +115,8 @@ class Worker:
             self._stopped = True
             if unsubscribe is not None:
                 unsubscribe()
+            for handle in self._rechecks.values():
+                handle.cancel()
             tasks = list(self.running.values())
             for task in tasks:
                 task.cancel()
@@ -177,6 +181,21 @@ class Worker:
                 continue  # reported beside the record by claim(): the task fails, the tool never runs
             if claim is not None:
                 self._start(claim)
+            else:
+                self._recheck(task_ref)
+
+    def _recheck(self, task_ref: str) -> None:
+        """Try ``task_ref`` again the moment a lapse seen of it is confirmed (not a scan later)."""
+        due = self.engine.confirmable_at(task_ref)
+        delay = None if due is None else due - time.monotonic()
+        if delay is None or delay <= 0 or task_ref in self._rechecks:
+            return  # nothing waits for its window (a past one was judged by this very claim)
+
+        def offer() -> None:
+            del self._rechecks[task_ref]
+            self.offer(task_ref)
+
+        self._rechecks[task_ref] = asyncio.get_running_loop().call_later(delay, offer)
 
     async def _scan(self) -> list[str]:
         """Claimable refs of the queue, a page at a time from where the last scan stopped, until
