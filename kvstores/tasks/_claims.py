@@ -139,6 +139,14 @@ class Claims(TaskBook):
         self._lapses.forget(task_ref)
         if changed is None:
             return None
+        if seen is not None:
+            logger.warning(
+                "tasks: the lease of task %s (worker %s) lapsed %.1f s ago; %s",
+                label(task_ref),
+                seen.holder,
+                now - seen.expires,
+                "it fails (its tool opts out of re-runs)" if changed.state.terminal else "running it again here",
+            )
         if changed.state.terminal:
             await self._unqueue(task_ref)
             return None

@@ -111,6 +111,8 @@ class Worker:
                     await self._fill()
                 except (KVStoreError, OSError) as exc:
                     logger.warning("tasks: pickup failed (%s); retrying at the next rescan", exc)
+                except Exception:  # a defect must not end the worker in silence: it would never run a task again
+                    logger.exception("tasks: pickup failed; retrying at the next rescan")
         finally:
             self._stopped = True
             if unsubscribe is not None:

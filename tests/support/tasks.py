@@ -315,6 +315,12 @@ async def replicas(servers: list[TaskServer]) -> AsyncIterator[list[TaskWire]]:
     wires = [TaskWire(server.url) for server in servers]
     try:
         yield wires
+    except BaseException as exc:
+        for server in servers:
+            if server.log.exists():
+                log = server.log.read_text(errors="replace")
+                exc.add_note(f"--- log of the server on port {server.port} ---\n{log}")
+        raise
     finally:
         for wire in wires:
             await wire.aclose()
