@@ -20,14 +20,16 @@ one is served by the workers' rescans).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import pytest
 
 from kvstores.conformance._base import StoreConformance, requires
 from kvstores.errors import SerializationError
-from kvstores.loop import wait_event
+from kvstores.loop import stop, wait_event
 from kvstores.tasks._claims import INLINE_RESULT_BYTES
 from kvstores.tasks._engine import Claim, TaskEngine
 from kvstores.tasks._record import TaskRecord, TaskState
@@ -171,13 +173,8 @@ class TaskEngineConformance(StoreConformance):
             return Outcome(TaskState.COMPLETED, {"result": {}})
 
         # the first scan sees the lapse; the next is an hour away: the claim must come when the window ends
-        worker = Worker(TaskEngine(store, lease=self.lease), execute, rescan=3_599)
-        running = asyncio.get_running_loop().create_task(worker.run())
-        try:
+        async with _working(Worker(TaskEngine(store, lease=self.lease), execute, rescan=3_599)):
             assert await wait_event(ran, 30), "a lapse seen once must be claimed when confirmed, not a scan later"
-        finally:
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
 
     @requires("atomic", "keys")
     async def test_tasks_a_running_task_outlives_its_ttl(self, store: Any) -> None:
@@ -218,12 +215,8 @@ class TaskEngineConformance(StoreConformance):
 
         worker = Worker(TaskEngine(store), execute, concurrency=1, rescan=0.2)
         worker.scan_page = 2  # the free task is on the last of four pages
-        running = asyncio.get_running_loop().create_task(worker.run())
-        try:
+        async with _working(worker):
             await asyncio.wait_for(done.wait(), 10)
-        finally:
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
         assert ran == [refs[-1]], "the scan must find the free task behind pages of held ones, and only it"
 
     @requires("atomic", "keys")
@@ -241,8 +234,7 @@ class TaskEngineConformance(StoreConformance):
             return Outcome(TaskState.COMPLETED, {"result": {"n": claim.record.arguments["n"] * 2}})
 
         worker = Worker(engine, execute, concurrency=2, rescan=0.2)
-        running = asyncio.get_running_loop().create_task(worker.run())
-        try:
+        async with _working(worker):
             record = await _submit(engine, arguments={"n": 21})
             done = await self._settled(engine, record.id)
             assert done.state is TaskState.COMPLETED and done.result == {"n": 42}
@@ -255,9 +247,6 @@ class TaskEngineConformance(StoreConformance):
             assert await wait_event(cancelled, 5), "the cancel never reached the tool"
             final = await engine.read(sleeping.id, "principal-a")
             assert final is not None and final.state is TaskState.CANCELLED
-        finally:
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
 
     async def _settled(self, engine: TaskEngine, task_id: str) -> TaskRecord:
         deadline = time.monotonic() + 10
@@ -268,3 +257,13 @@ class TaskEngineConformance(StoreConformance):
                 return record
             assert time.monotonic() < deadline, "the task never finished"
             await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def _working(worker: Worker) -> AsyncIterator[Worker]:
+    """``worker`` running in a task of its own, stopped (and its error raised) on the way out."""
+    running = asyncio.get_running_loop().create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        await stop(running)
