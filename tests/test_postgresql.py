@@ -8,12 +8,16 @@ name, the statement cache, schema versions, timeouts) is in tests/test_sql_serve
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import hashlib
 import uuid
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import asyncpg
 import pytest
+from asyncpg import connect_utils
 
 from kvstores import KVStoreError, open_store
 from kvstores.backends.postgresql import DEFAULT_TABLE, SCHEMA_VERSION, PostgreSQLStore
@@ -95,6 +99,46 @@ async def test_user_pool_is_used_and_never_closed(backend: PostgreSQLBackend, na
         del unclosed  # no ResourceWarning: the pool is the user's (warnings are errors here)
     finally:
         await pool.close()
+
+
+@pg
+async def test_a_connect_cut_during_its_tls_probe_logs_nothing(
+    backend: PostgreSQLBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connect cancelled the moment its socket connects leaves no "Future exception was never retrieved".
+
+    asyncpg's TLS probe (sslmode=prefer) then gets a lost connection that nobody awaits (asyncpg
+    #1211, #1310; kvstores.backends._asyncpg_fix): seen as a store closed with calls in flight
+    logging a traceback on a loaded machine. Here the cancel lands at exactly that moment, every time.
+    """
+    probes: list[Any] = []
+    made = connect_utils.TLSUpgradeProto.__init__
+
+    def cancel_once_made(self: Any, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)  # kvstores' fixed constructor
+        probes.append(self)
+        current = asyncio.current_task()
+        assert current is not None
+        current.cancel()  # the connecting task: its next await (the transport's) raises CancelledError
+
+    monkeypatch.setattr(connect_utils.TLSUpgradeProto, "__init__", cancel_once_made)
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.create_task(asyncpg.connect(backend.database_url))
+        await asyncio.sleep(0)  # the closed transport's connection_lost() runs
+        [probe] = probes
+        assert probe.on_data.done() and not probe.on_data.cancelled()  # the lost connection is in the future
+        probes.clear()
+        del probe
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(handler)
+    assert not reported, [context.get("message") for context in reported]
 
 
 # -- layout ----------------------------------------------------------------------------------

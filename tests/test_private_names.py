@@ -1,6 +1,6 @@
 """Every private or undocumented upstream name kvstores reads, overrides or copies, checked against what is installed.
 
-An upgrade of the MCP SDK, FastMCP, OpenTelemetry or aiosqlite that drops or reshapes one of
+An upgrade of the MCP SDK, FastMCP, OpenTelemetry, aiosqlite or asyncpg that drops or reshapes one of
 these fails here, naming it and the installed version, instead of failing a user at import or
 at the first request. The pyproject extras cap each package below its next minor release for
 this reason (CHANGELOG.md: Versioning); raise a cap only with this module passing. The
@@ -270,6 +270,20 @@ NAMES: list[Upstream] = [
         "opentelemetry.util._once",
         ("Once",),
         "kvstores._telemetry.reset_providers resets the set-once guards (the bench's with- and without-SDK rows)",
+    ),
+    # -- kvstores.backends.postgresql: asyncpg's TLS probe (kvstores.backends._asyncpg_fix) ------
+    Upstream(
+        "asyncpg",
+        "asyncpg.connect_utils:TLSUpgradeProto",
+        ("__init__", "connection_lost", "data_received"),
+        "kvstores.backends._asyncpg_fix wraps the probe's constructor to mark its on_data future's exception"
+        " retrieved (tests/test_postgresql.py cuts a connect in the probe and checks nothing is logged)",
+    ),
+    Upstream(
+        "asyncpg",
+        "asyncpg.connect_utils:TLSUpgradeProto.__init__",
+        ("param=loop", "param=host", "param=port", "param=ssl_context", "param=ssl_is_advisory"),
+        "kvstores.backends._asyncpg_fix passes the constructor's arguments through",
     ),
     # -- kvstores.backends.sqlite: aiosqlite's thread queue -------------------------------------
     Upstream(

@@ -37,7 +37,9 @@ statement cache, reset) apply. The database should use the UTF8 encoding.
 The store's own pool connects on demand and skips asyncpg's per-release session reset (a round
 trip per call: the store's statements leave no session state behind). A statement cancelled or
 timed out (``statement_timeout``, ``lock_timeout``), a server starting, shutting down or full
-raise StoreConnectionError; a timed-out statement is cancelled on the server.
+raise StoreConnectionError; a timed-out statement is cancelled on the server. Importing this module
+quiets one asyncpg defect process-wide: a TLS probe cut short by a cancel no longer logs "Future
+exception was never retrieved" (kvstores.backends._asyncpg_fix).
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ try:
     from asyncpg import exceptions as pg_errors
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("asyncpg", "postgresql") from exc
+
+from kvstores.backends._asyncpg_fix import quiet_cut_tls_probes  # after the check: it imports asyncpg
+
+quiet_cut_tls_probes()
 
 if TYPE_CHECKING:
     from kvstores._signal_host import Sink, Transport
