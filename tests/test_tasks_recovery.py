@@ -74,10 +74,16 @@ async def test_a_task_longer_than_its_ttl_runs_again_when_its_worker_dies(
         await asyncio.sleep(11)  # past the TTL the task was submitted with: renewals must have kept it queued
         assert (await wires[0].get(task_id))["result"]["status"] == "working"
         running = await _running_on(wires, servers, "outlives-ttl")
+        killed = servers[running].process.pid  # type: ignore[union-attr]
         servers[running].signal(signal.SIGKILL)
-        done = await wires[1 - running].wait(task_id, within=40, pause=0.2)
+        survivor = wires[1 - running]
+        try:
+            done = await survivor.wait(task_id, within=40, pause=0.2)
+        except AssertionError as failure:  # which runs there were, and which process ran the last
+            failure.add_note(f"killed pid {killed}; runs: {await run_log(survivor, 'outlives-ttl')}")
+            raise
         assert done["status"] == "completed", done
-        assert (await run_log(wires[1 - running], "outlives-ttl"))["runs"]["runs"] == 2
+        assert (await run_log(survivor, "outlives-ttl"))["runs"]["runs"] == 2
 
 
 @pytest.mark.redis
