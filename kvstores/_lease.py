@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstores.errors import KVStoreError
+from kvstores.loop import raise_if_cancelled
 from kvstores.protocol import AsyncKeyValue
 
 __all__ = ["Lease", "LapseWatch", "PresenceLease", "RenewalFailed", "confirm_after", "keep", "retry_interval"]
@@ -192,6 +193,10 @@ async def keep(
     seconds (at most ``every``): the lease may outlive the outage, as nobody can claim while the
     store is down. ``at_once``: the first renewal is made before the first wait (a presence
     lease's claim).
+
+    A cancel ends it even when a renewal swallowed it: Python 3.11's ``wait_for``, which drivers
+    call inside a command, drops a cancel that lands as the command completes, and a holder that
+    renewed on after its run was stopped would keep a finished run's lease forever.
     """
     interval = length / 3 if every is None else every
     retry = min(interval, retry_interval(length))
@@ -207,6 +212,8 @@ async def keep(
             logger.warning("lease: renewing %s failed (%s); retrying", name, exc)
             delay = retry
             continue
+        finally:
+            raise_if_cancelled()  # a cancel the renewal swallowed (see above) ends the loop here
         if not held:
             return
         delay = interval

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -52,3 +53,34 @@ async def test_a_presence_lease_is_its_key_and_lapses_by_the_holders_clock() -> 
     assert value == {"replica": "r1"} and ttl is not None and 0 < ttl <= 3.0
     assert not lease.lapsed(113.0) and lease.lapsed(113.5)
     await store.aclose()
+
+
+@pytest.mark.parametrize("outcome", ["renewed", "failed"])
+async def test_keep_ends_on_a_cancel_its_renewal_swallowed(outcome: str) -> None:
+    """Python 3.11's wait_for, inside a driver's command, drops a cancel that lands as the command completes:
+    the renewal returns (or fails) as if nothing happened. The loop must end all the same (a worker stopped
+    the run: renewing on would keep a finished run's lease forever, as CI's 3.11 lane once saw)."""
+    in_renewal = asyncio.Event()
+    renewals = 0
+
+    async def renew() -> bool:
+        nonlocal renewals
+        renewals += 1
+        in_renewal.set()
+        if renewals > 1:
+            return True  # renewing on after the cancel: the defect (the assertions below say so)
+        with contextlib.suppress(asyncio.CancelledError):  # swallowed, as 3.11's wait_for does when the
+            await asyncio.Event().wait()  # command in flight completes as the cancel lands
+        if outcome == "failed":
+            raise ConnectionError("the store went away")
+        return True
+
+    task = asyncio.create_task(keep(renew, 3600.0, name="a lease", every=0.01, at_once=True))
+    await in_renewal.wait()
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=5)  # the loop ends at once; the bound only stops a defect
+    if not done:
+        task.cancel()  # a loop that renewed on stops at its next sleep
+        await asyncio.wait([task])
+    assert task.cancelled()
+    assert renewals == 1, f"keep() renewed {renewals - 1} more times after its cancel"
