@@ -173,6 +173,31 @@ async def test_user_client_is_not_closed(backend: MongoDBBackend, namespace: str
         motor_client.close()
 
 
+@pytest.mark.parametrize("backend", rows("mongodb"), indirect=True)
+async def test_aclose_returns_when_the_clients_close_never_does(
+    backend: MongoDBBackend, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store's close is bounded by its timeout (CI once hung in a store's teardown for good)."""
+    store = MongoDBStore(backend.server_url, **backend.options(namespace, {"timeout": 0.5}))
+    await store.put("k", {"v": 1})
+    await store.destroy()
+    client = store._client
+    entered = asyncio.Event()
+
+    async def close_never() -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    client.close, close = close_never, client.close
+    try:
+        with caplog.at_level("WARNING", logger="kvstores.backends.mongodb"):
+            await asyncio.wait_for(store.aclose(), 10)  # the bound under test is 0.5 s; 10 s only ends a defect
+        assert entered.is_set()
+        assert any("closing the client took over 0.5 s" in record.getMessage() for record in caplog.records)
+    finally:
+        await close()
+
+
 async def test_value_too_large_before_any_round_trip() -> None:
     store = MongoDBStore("mongodb://127.0.0.1:9/", timeout=30)  # nothing listens there
     started = time.monotonic()
