@@ -178,9 +178,8 @@ async def test_aclose_returns_when_the_clients_close_never_does(
     backend: MongoDBBackend, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A store's close is bounded by its timeout (CI once hung in a store's teardown for good)."""
+    # never used: no operation meets the short timeout on a loaded machine, and the client is closed all the same
     store = MongoDBStore(backend.server_url, **backend.options(namespace, {"timeout": 0.5}))
-    await store.put("k", {"v": 1})
-    await store.destroy()
     client = store._client
     entered = asyncio.Event()
 
